@@ -1,0 +1,233 @@
+"""Ingest: reads every active run stream with a consumer group and writes metrics, logs and
+worker reports to the database in batches. Idempotent: metric and log rows have unique keys
+and inserts skip duplicates, so a redelivered batch changes nothing; entries are acked only
+after their transaction commits."""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+from sqlalchemy import select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from backend import lifecycle
+from backend.db import transaction
+from backend.models import Attempt, LogLine, Metric, Run, utcnow
+from torchyard import streams
+from torchyard.settings import get_settings
+
+log = logging.getLogger(__name__)
+CLAIM_IDLE_MS = 30_000  # entries a dead ingest consumer held this long are taken over
+RETIRE_EVERY_S = 5.0
+STREAM_TTL_S = 3600  # a finished run's stream stays this long for live viewers, then goes
+
+Entry = tuple[str, str, dict[str, Any]]  # (stream, entry id, fields)
+
+
+def _insert_ignoring_duplicates(session: Session, model: type, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    session.execute(insert(model).on_conflict_do_nothing(), rows)
+
+
+def apply_entries(session: Session, entries: Iterable[Entry]) -> None:
+    metric_rows: list[dict[str, Any]] = []
+    log_rows: list[dict[str, Any]] = []
+    last_step: dict[int, int] = {}
+    reports: list[tuple[int, dict[str, Any]]] = []
+    for stream, entry_id, fields in entries:
+        run_id = streams.run_id_of(stream)
+        entry_type, data = streams.decode(fields)
+        if entry_type == streams.METRICS:
+            attempt, rank = data["attempt"], data["rank"]
+            for step, ts, values in data["points"]:
+                last_step[run_id] = max(last_step.get(run_id, 0), step)
+                metric_rows.extend(
+                    {
+                        "run_id": run_id,
+                        "attempt": attempt,
+                        "rank": rank,
+                        "step": step,
+                        "key": key,
+                        "value": _finite_or_none(value),
+                        "ts": ts,
+                    }
+                    for key, value in values.items()
+                )
+        elif entry_type == streams.LOGS:
+            log_rows.extend(
+                {
+                    "run_id": run_id,
+                    "entry_id": entry_id,
+                    "seq": seq,
+                    "attempt": data["attempt"],
+                    "rank": rank,
+                    "ts": ts,
+                    "text": text,
+                }
+                for seq, (rank, ts, text) in enumerate(data["lines"])
+            )
+        elif entry_type == streams.REPORT:
+            reports.append((run_id, data))
+        # STATE entries are for live readers: the database already has them.
+    _insert_ignoring_duplicates(session, Metric, metric_rows)
+    _insert_ignoring_duplicates(session, LogLine, log_rows)
+    for run_id, step in last_step.items():
+        session.execute(update(Run).where(Run.id == run_id, Run.last_step < step).values(last_step=step))
+    for run_id, data in reports:
+        apply_report(session, run_id, data)
+
+
+def apply_report(session: Session, run_id: int, data: dict[str, Any]) -> None:
+    """A worker's word on an attempt: it started, or it exited and how."""
+    run = session.get(Run, run_id)
+    attempt = session.scalar(select(Attempt).where(Attempt.run_id == run_id, Attempt.number == data["attempt"]))
+    if run is None or attempt is None or attempt.ended_at is not None:
+        return  # unknown, or already settled (a redelivered report)
+    if data["event"] == "started":
+        if attempt.started_at is None:
+            attempt.status, attempt.started_at = lifecycle.RUNNING, utcnow()
+        if run.status == lifecycle.SCHEDULED:
+            lifecycle.transition(session, run, lifecycle.RUNNING, f"started on {data['node']}")
+        return
+    attempt.status, attempt.ended_at, attempt.returncode = data["status"], utcnow(), data.get("returncode")
+    to = data["status"]
+    if run.status == lifecycle.CANCELLING and to == lifecycle.FAILED:
+        to = lifecycle.CANCELLED  # a rank killed by our own SIGTERM is a cancel, not a failure
+    if lifecycle.can_transition(run, to):
+        lifecycle.transition(session, run, to, data.get("reason") or f"attempt {data['attempt']} {to}")
+    else:
+        log.warning("run %s is %s; ignoring its attempt's exit as %s", run_id, run.status, to)
+
+
+def _finite_or_none(value: Any) -> float | None:
+    """NaN is stored as NULL (SQLite cannot hold NaN); infinities are kept."""
+    if value is None:
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+class Ingest:
+    def __init__(self, client: redis.Redis, consumer: str | None = None, batch: int | None = None) -> None:
+        self.client = client
+        self.consumer = consumer or f"{socket.gethostname()}-{id(self):x}"
+        self.batch = batch or get_settings().ingest_batch
+        self._grouped: set[str] = set()
+        self._last_retire = 0.0
+
+    def _active(self) -> list[str]:
+        keys = sorted(k.decode() for k in self.client.smembers(streams.ACTIVE_STREAMS))
+        for key in keys:
+            if key not in self._grouped:
+                try:
+                    self.client.xgroup_create(key, streams.INGEST_GROUP, id="0", mkstream=True)
+                except redis.ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
+                self._grouped.add(key)
+        return keys
+
+    def poll(self, block_ms: int = 1000) -> int:
+        """One batch: read (own pending first, then idle entries of dead consumers, then new),
+        write, commit, ack. Returns the number of entries handled."""
+        keys = self._active()
+        if not keys:
+            time.sleep(block_ms / 1000)
+            return 0
+        entries = self._read(keys, "0", None) or self._claim(keys) or self._read(keys, ">", block_ms)
+        if entries:
+            try:
+                with transaction() as session:
+                    apply_entries(session, entries)
+            except (redis.RedisError, OSError):
+                raise
+            except Exception:
+                log.exception("ingest batch of %d entries failed; retrying them one by one", len(entries))
+                self._apply_one_by_one(entries)
+            self._ack(entries)
+        if time.monotonic() - self._last_retire > RETIRE_EVERY_S:
+            self._retire_finished(keys)
+        return len(entries)
+
+    def _apply_one_by_one(self, entries: list[Entry]) -> None:
+        """Isolates a malformed entry so it cannot block the stream: it is logged and skipped."""
+        for entry in entries:
+            try:
+                with transaction() as session:
+                    apply_entries(session, [entry])
+            except Exception:
+                log.exception("skipping malformed entry %s of %s: %r", entry[1], entry[0], entry[2])
+
+    def _ack(self, entries: list[Entry]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for stream, entry_id, _ in entries:
+            pipe.xack(stream, streams.INGEST_GROUP, entry_id)
+        pipe.execute()
+
+    def _read(self, keys: list[str], start: str, block_ms: int | None) -> list[Entry]:
+        try:
+            result = self.client.xreadgroup(
+                streams.INGEST_GROUP, self.consumer, {k: start for k in keys}, count=self.batch, block=block_ms
+            )
+        except redis.ResponseError as exc:
+            if "NOGROUP" in str(exc):  # Redis restarted without the stream: make the group again
+                self._grouped.clear()
+                return []
+            raise
+        return [(s.decode(), i.decode(), f) for s, items in result or [] for i, f in items if f]
+
+    def _claim(self, keys: list[str]) -> list[Entry]:
+        claimed: list[Entry] = []
+        for key in keys:
+            _next, items, *_ = self.client.xautoclaim(
+                key, streams.INGEST_GROUP, self.consumer, CLAIM_IDLE_MS, "0-0", count=self.batch
+            )
+            claimed.extend((key, i.decode(), f) for i, f in items if f)
+        return claimed
+
+    def _retire_finished(self, keys: list[str]) -> None:
+        """A finished run whose stream is fully ingested leaves the active set; its stream
+        expires later."""
+        self._last_retire = time.monotonic()
+        run_ids = [streams.run_id_of(k) for k in keys]
+        with transaction() as session:
+            finished = set(
+                session.scalars(select(Run.id).where(Run.id.in_(run_ids), Run.status.in_(lifecycle.TERMINAL)))
+            )
+        for key in keys:
+            if streams.run_id_of(key) not in finished:
+                continue
+            groups = {g["name"].decode(): g for g in self.client.xinfo_groups(key)}
+            group = groups.get(streams.INGEST_GROUP)
+            if group and group["pending"] == 0 and group.get("lag") == 0:
+                self.client.srem(streams.ACTIVE_STREAMS, key)
+                self.client.expire(key, STREAM_TTL_S)
+                self._grouped.discard(key)
+
+    def serve(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.poll()
+            except (redis.RedisError, OSError) as exc:
+                log.warning("ingest: Redis unavailable (%s); retrying", exc)
+                stop.wait(1.0)
+            except Exception:
+                log.exception("ingest batch failed; it stays pending and is retried")
+                stop.wait(1.0)
+
+
+def serve(stop: threading.Event | None = None) -> None:
+    client = redis.Redis.from_url(get_settings().redis_url, socket_timeout=30)
+    lifecycle.set_publisher(client)
+    Ingest(client).serve(stop or threading.Event())

@@ -1,0 +1,181 @@
+"""/api/v1/runs: submit, list, read, cancel, metrics, logs, events and the live stream."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, HTTPException, Query, Request, status
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from backend import lifecycle, metrics, runs
+from backend.db import get_sessionmaker
+from backend.deps import Member, RedisDep, RunDep, SessionDep, Viewer, get_async_redis
+from backend.models import Run
+from backend.schemas import EventOut, LogLineOut, RunOut, RunPage
+from torchyard import streams
+from torchyard.spec import RunSpec
+
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
+
+
+def run_out(run: Run) -> RunOut:
+    latest = run.attempts[-1] if run.attempts else None
+    return RunOut(
+        id=run.id,
+        name=run.name,
+        status=run.status,
+        status_reason=run.status_reason,
+        spec=run.spec,
+        priority=run.priority,
+        created_at=run.created_at,
+        started_at=run.started_at,
+        ended_at=run.ended_at,
+        last_step=run.last_step,
+        attempt_count=len(run.attempts),
+        node_ids=[a.node_id for a in latest.allocations] if latest else [],
+    )
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=RunOut)
+def submit_run(spec: RunSpec, session: SessionDep, redis: RedisDep, token: Member) -> RunOut:
+    run = runs.create_run(session, spec, token)
+    session.commit()  # durable before the scheduler hears of it
+    redis.rpush(streams.SCHEDULER_WAKE, run.id)
+    return run_out(run)
+
+
+@router.get("", response_model=RunPage)
+def list_runs(
+    session: SessionDep,
+    _viewer: Viewer,
+    status_filter: Annotated[str | None, Query(alias="status", description="comma list of states")] = None,
+    name: Annotated[str | None, Query(description="substring of the run name")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> RunPage:
+    if status_filter:
+        unknown = set(status_filter.split(",")) - set(lifecycle.TRANSITIONS)
+        if unknown:
+            raise HTTPException(
+                status.HTTP_422_UNPROCESSABLE_CONTENT,
+                f"status ({','.join(sorted(unknown))}) is not a run state: {', '.join(lifecycle.TRANSITIONS)}",
+            )
+    items, total = runs.list_runs(session, status_filter, name, limit, offset)
+    return RunPage(items=[run_out(r) for r in items], total=total, limit=limit, offset=offset)
+
+
+@router.get("/{run_id}", response_model=RunOut)
+def get_run(run: RunDep) -> RunOut:
+    return run_out(run)
+
+
+@router.get("/{run_id}/events", response_model=list[EventOut])
+def get_events(run: RunDep, session: SessionDep) -> list[Any]:
+    return list(runs.list_events(session, run.id))
+
+
+@router.post("/{run_id}/cancel", response_model=RunOut)
+def cancel_run(run_id: int, session: SessionDep, redis: RedisDep, token: Member) -> RunOut:
+    run = runs.get_run(session, run_id)
+    if token.role != "admin" and run.owner_id != token.id:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, f"run {run_id} is not yours; only its owner or an admin may cancel it"
+        )
+    runs.request_cancel(session, run, f"cancelled by {token.name}")
+    session.commit()
+    # The worker running it polls this key; it outlives any run (a day) and costs nothing.
+    redis.set(streams.cancel_key(run.id), "1", ex=86400)
+    return run_out(run)
+
+
+@router.get("/{run_id}/metrics/keys", response_model=list[str])
+def metric_keys(run: RunDep, session: SessionDep) -> list[str]:
+    return metrics.keys(session, run.id)
+
+
+@router.get("/{run_id}/metrics")
+def get_metrics(
+    run: RunDep,
+    session: SessionDep,
+    key: Annotated[str, Query(min_length=1, description="metric name, e.g. loss")],
+    max_points: Annotated[int | None, Query(ge=2, le=100_000, description="min/max downsampling target")] = None,
+    step_min: Annotated[int | None, Query(ge=0)] = None,
+    step_max: Annotated[int | None, Query(ge=0)] = None,
+) -> dict[str, Any]:
+    return metrics.series(session, run.id, key, max_points, step_min, step_max)
+
+
+@router.get("/{run_id}/logs", response_model=list[LogLineOut])
+def get_logs(
+    run: RunDep,
+    session: SessionDep,
+    rank: Annotated[int | None, Query(ge=-1, description="-1: the launcher and elastic agent")] = None,
+    after: Annotated[int, Query(ge=0, description="return lines with id greater than this")] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> list[Any]:
+    return list(runs.list_logs(session, run.id, rank, after, limit))
+
+
+@router.get("/{run_id}/stream", response_class=StreamingResponse)
+async def stream_run(
+    run: RunDep,
+    request: Request,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    since: Annotated[str | None, Query(description="stream id to resume after; '$' for new events only")] = None,
+) -> StreamingResponse:
+    """Server-Sent Events: every metric batch, log batch and state change of the run, each with
+    its Redis stream id as the event id, so a reconnect with Last-Event-ID misses nothing and
+    repeats nothing. Ends after the run's terminal state has been sent."""
+    start = last_event_id or since or "0-0"
+    if start != "$" and not _valid_stream_id(start):
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            f"Last-Event-ID/since ({start!r}) is not a stream id like 1700000000000-0",
+        )
+    finished = run.status in lifecycle.TERMINAL
+    return StreamingResponse(
+        _sse(request, run.id, start, finished),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+def _valid_stream_id(value: str) -> bool:
+    ms, _, seq = value.partition("-")
+    return ms.isdigit() and (seq == "" or seq.isdigit())
+
+
+async def _sse(request: Request, run_id: int, start: str, finished: bool) -> AsyncIterator[bytes]:
+    client = get_async_redis()
+    key = streams.run_stream(run_id)
+    last = start
+    if last == "$":
+        newest = await client.xrevrange(key, count=1)
+        last = newest[0][0].decode() if newest else "0-0"
+    try:
+        yield b"retry: 1000\n\n"
+        while not await request.is_disconnected():
+            batch = await client.xread({key: last}, count=500, block=None if finished else 5000)
+            if not batch:
+                if finished:
+                    return  # everything the stream holds has been sent
+                yield b": keep-alive\n\n"
+                # The database is the truth: a state change whose publish was lost still ends us.
+                finished = await run_in_threadpool(_is_terminal, run_id)
+                continue
+            for entry_id, fields in batch[0][1]:
+                last = entry_id.decode()
+                entry_type, data = streams.decode(fields)
+                yield f"id: {last}\nevent: {entry_type}\ndata: {json.dumps(data)}\n\n".encode()
+                if entry_type == streams.STATE and data.get("status") in lifecycle.TERMINAL:
+                    finished = True
+    finally:
+        await client.aclose()
+
+
+def _is_terminal(run_id: int) -> bool:
+    with get_sessionmaker()() as session:
+        return runs.get_run(session, run_id).status in lifecycle.TERMINAL

@@ -1,0 +1,96 @@
+"""The runs data layer: queries and changes; flushes, never commits (the caller owns the
+transaction)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from backend import lifecycle
+from backend.models import Attempt, LogLine, Node, Run, RunEvent, Token
+from torchyard.spec import RunSpec
+
+
+class NotFound(Exception):
+    pass
+
+
+class InvalidRequest(Exception):
+    """A request that is well-formed but cannot be met (e.g. a device no node has): a 422."""
+
+    def __init__(self, loc: list[str | int], msg: str, value: object) -> None:
+        super().__init__(msg)
+        self.loc, self.msg, self.value = loc, msg, value
+
+
+def get_run(session: Session, run_id: int) -> Run:
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} not found")
+    return run
+
+
+def create_run(session: Session, spec: RunSpec, owner: Token | None) -> Run:
+    _check_cluster_has_device(session, spec.resources.device)
+    run = Run(
+        name=spec.name,
+        status=lifecycle.QUEUED,
+        status_reason="waiting for the scheduler",
+        spec=spec.model_dump(mode="json"),
+        priority=spec.resources.priority,
+        owner_id=owner.id if owner else None,
+    )
+    session.add(run)
+    session.flush()
+    session.add(RunEvent(run_id=run.id, from_status=None, to_status=lifecycle.QUEUED, reason="submitted"))
+    return run
+
+
+def _check_cluster_has_device(session: Session, device: str) -> None:
+    if device == "cpu":
+        return  # every node has a CPU; with no node yet, the run waits for one
+    nodes = session.scalars(select(Node)).all()
+    if not any(device in n.devices.split(",") for n in nodes):
+        known = ", ".join(f"{n.id} ({n.devices})" for n in nodes) or "no nodes have registered"
+        raise InvalidRequest(
+            ["body", "resources", "device"], f"no node in the cluster has device {device!r}: {known}", device
+        )
+
+
+def list_runs(
+    session: Session, status: str | None, name: str | None, limit: int, offset: int
+) -> tuple[Sequence[Run], int]:
+    query = select(Run)
+    if status:
+        query = query.where(Run.status.in_(status.split(",")))
+    if name:
+        query = query.where(Run.name.contains(name, autoescape=True))
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = session.scalars(query.order_by(Run.id.desc()).limit(limit).offset(offset)).all()
+    return rows, total
+
+
+def list_events(session: Session, run_id: int) -> Sequence[RunEvent]:
+    return session.scalars(select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.id)).all()
+
+
+def list_logs(session: Session, run_id: int, rank: int | None, after_id: int, limit: int) -> Sequence[LogLine]:
+    query = select(LogLine).where(LogLine.run_id == run_id, LogLine.id > after_id)
+    if rank is not None:
+        query = query.where(LogLine.rank == rank)
+    return session.scalars(query.order_by(LogLine.id).limit(limit)).all()
+
+
+def latest_attempt(session: Session, run_id: int) -> Attempt | None:
+    return session.scalar(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number.desc()).limit(1))
+
+
+def request_cancel(session: Session, run: Run, reason: str) -> None:
+    """queued runs are cancelled at once; placed ones go to ``cancelling`` until the worker has
+    ended every process (it reports the exit, and ingest records ``cancelled``)."""
+    if run.status in (lifecycle.QUEUED, lifecycle.RESTARTING):
+        lifecycle.transition(session, run, lifecycle.CANCELLED, reason)
+    else:
+        lifecycle.transition(session, run, lifecycle.CANCELLING, reason)

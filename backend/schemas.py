@@ -1,0 +1,65 @@
+"""What the api returns: the response models (the run spec itself lives in torchyard.spec)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _FromRow(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class RunOut(BaseModel):
+    id: int
+    name: str
+    status: str
+    status_reason: str
+    spec: dict[str, Any]
+    priority: int
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    last_step: int
+    attempt_count: int
+    node_ids: list[str]
+
+
+class RunPage(BaseModel):
+    items: list[RunOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class EventOut(_FromRow):
+    id: int
+    at: datetime
+    from_status: str | None
+    to_status: str
+    reason: str
+
+
+class LogLineOut(_FromRow):
+    id: int
+    attempt: int
+    rank: int
+    ts: float
+    text: str
+
+
+class NodeOut(BaseModel):
+    id: str
+    host: str
+    slots: int
+    free_slots: int
+    devices: list[str]
+    status: str
+    last_heartbeat: datetime
+    running_runs: list[int]
+
+
+class Problem(BaseModel):
+    detail: Any

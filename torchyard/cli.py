@@ -1,0 +1,331 @@
+"""The ``torchyard`` command: start the system's processes, and talk to its api."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+
+from torchyard.settings import Settings, get_settings
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """torchyard: run and watch distributed PyTorch training."""
+
+
+# ---- processes ---------------------------------------------------------------------------------
+
+
+@main.command()
+def up() -> None:
+    """Start api, scheduler, ingest and a local worker on embedded defaults (SQLite, a private Redis
+    unless TORCHYARD_REDIS_URL is set). Prints the URL and an admin token; Ctrl-C stops it all."""
+    from torchyard.local import up as run_up
+
+    sys.exit(run_up(get_settings()))
+
+
+@main.command()
+@click.option("--host", default=None, help="bind address (TORCHYARD_HOST)")
+@click.option("--port", type=int, default=None, help="port (TORCHYARD_PORT)")
+@click.option("--scheduler/--no-scheduler", default=True, help="run the scheduler inside the api")
+def api(host: str | None, port: int | None, scheduler: bool) -> None:
+    """Serve the REST api, the live stream and the front end."""
+    import uvicorn
+
+    from backend import scheduler as sched
+    from backend.app import create_app
+
+    settings = _server_settings()
+    stop = threading.Event()
+    if scheduler:
+        threading.Thread(target=sched.serve, args=(stop,), name="scheduler", daemon=True).start()
+    try:
+        uvicorn.run(create_app(), host=host or settings.host, port=port or settings.port, log_level="info")
+    finally:
+        stop.set()
+
+
+@main.command()
+def scheduler() -> None:
+    """Run the scheduler alone (one leader at a time holds a Redis lock)."""
+    from backend import scheduler as sched
+
+    _server_settings()
+    _serve_until_signal(sched.serve)
+
+
+@main.command()
+def ingest() -> None:
+    """Write the run streams (metrics, logs, reports) to the database."""
+    from backend import ingest as ing
+
+    _server_settings()
+    _serve_until_signal(ing.serve)
+
+
+@main.command()
+@click.option("--concurrency", type=int, default=None, help="runs at once (default: TORCHYARD_NODE_SLOTS)")
+def worker(concurrency: int | None) -> None:
+    """Run this node's Celery worker: heartbeats its capacity, launches runs placed on it."""
+    settings = get_settings()
+    if not settings.redis_url:
+        raise click.UsageError("TORCHYARD_REDIS_URL must point at the cluster's Redis")
+    from workers.celery_app import app, node_queue
+
+    app.worker_main([
+        "worker", "--queues", node_queue(settings.node_id), "--hostname", f"{settings.node_id}@%h",
+        "--concurrency", str(concurrency or settings.node_slots), "--pool", "prefork",
+        "--loglevel", "INFO", "--without-gossip", "--without-mingle",
+    ])  # fmt: skip
+
+
+@main.command()
+def migrate() -> None:
+    """Upgrade the database schema to the newest migration."""
+    from backend.migrate import upgrade
+
+    upgrade(get_settings().sqlalchemy_url)
+    click.echo("database is at the newest schema")
+
+
+def _server_settings() -> Settings:
+    settings = get_settings()
+    if not settings.redis_url:
+        raise click.UsageError("TORCHYARD_REDIS_URL is not set (`torchyard up` sets it for the processes it starts)")
+    return settings
+
+
+def _serve_until_signal(serve: Any) -> None:
+    import signal
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    serve(stop)
+
+
+# ---- client ------------------------------------------------------------------------------------
+
+
+class Api:
+    def __init__(self, url: str | None, token: str | None) -> None:
+        settings = get_settings()
+        saved = _saved_credentials(settings)
+        self.url = (
+            url or (settings.api_url if "TORCHYARD_API_URL" in _env() else saved.get("api_url")) or settings.api_url
+        ).rstrip("/")
+        self.token = token or settings.token or saved.get("token", "")
+        self.client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self.client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise click.ClickException(f"cannot reach the api at {self.url}: {exc}") from exc
+        if response.status_code >= 400:
+            raise click.ClickException(f"{response.status_code}: {_describe_error(response)}")
+        return response.json()
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return dict(os.environ)
+
+
+def _saved_credentials(settings: Settings) -> dict[str, str]:
+    path = settings.state_dir / "credentials.json"
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def _describe_error(response: httpx.Response) -> str:
+    try:
+        detail = response.json().get("detail")
+    except ValueError:
+        return response.text
+    if isinstance(detail, list):  # validation errors: name each field and its value
+        return "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', []) if p != 'body')}: {e.get('msg')} (got {e.get('input')!r})"
+            for e in detail
+        )
+    return str(detail)
+
+
+api_options = [
+    click.option("--api-url", default=None, help="api address (TORCHYARD_API_URL)"),
+    click.option("--token", default=None, help="bearer token (TORCHYARD_TOKEN)"),
+]
+
+
+def with_api(fn: Any) -> Any:
+    for option in reversed(api_options):
+        fn = option(fn)
+    return fn
+
+
+@main.command()
+@click.argument("spec_file", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--name", help="run name (default: workload-strategy)")
+@click.option("--workload", default="mlp", show_default=True, help="built-in workload: mlp, charlm, fail")
+@click.option("--param", "params", multiple=True, help="workload parameter KEY=VALUE (repeatable)")
+@click.option("--strategy", default="ddp", show_default=True)
+@click.option("--procs", type=int, default=2, show_default=True, help="processes per node")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--steps", type=int, default=100, show_default=True)
+@click.option("--batch-size", type=int, default=64, show_default=True, help="global batch")
+@click.option("--lr", type=float, default=0.01, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--follow", is_flag=True, help="stream its logs until it ends")
+@with_api
+def submit(
+    spec_file: Path | None,
+    name: str | None,
+    workload: str,
+    params: tuple[str, ...],
+    strategy: str,
+    procs: int,
+    device: str,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    follow: bool,
+    api_url: str | None,
+    token: str | None,
+) -> None:
+    """Submit a run from SPEC_FILE (JSON) or from the options."""
+    if spec_file:
+        try:
+            spec = json.loads(spec_file.read_text())
+        except ValueError as exc:
+            raise click.BadParameter(f"{spec_file} is not JSON: {exc}") from exc
+    else:
+        spec = {
+            "name": name or f"{workload}-{strategy}",
+            "workload": {"kind": "builtin", "name": workload, "params": dict(_parse_param(p) for p in params)},
+            "strategy": {"kind": strategy},
+            "resources": {"nodes": 1, "procs_per_node": procs, "device": device},
+            "training": {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed},
+        }
+    client = Api(api_url, token)
+    run = client.call("POST", "/api/v1/runs", json=spec)
+    click.echo(f"run {run['id']} {run['status']}: {run['name']}")
+    if follow:
+        sys.exit(_follow(client, run["id"]))
+
+
+def _parse_param(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise click.BadParameter(f"--param {text!r}: expected KEY=VALUE")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+@main.command()
+@click.option("--status", default=None, help="comma list of states")
+@click.option("--name", default=None, help="substring of the name")
+@click.option("--limit", type=int, default=20, show_default=True)
+@with_api
+def runs(status: str | None, name: str | None, limit: int, api_url: str | None, token: str | None) -> None:
+    """List runs, newest first."""
+    params = {k: v for k, v in {"status": status, "name": name, "limit": limit}.items() if v is not None}
+    page = Api(api_url, token).call("GET", "/api/v1/runs", params=params)
+    click.echo(f"{'ID':>5}  {'STATUS':<11} {'STEP':>9}  NAME")
+    for run in page["items"]:
+        total = run["spec"]["training"]["steps"]
+        click.echo(f"{run['id']:>5}  {run['status']:<11} {run['last_step']:>4}/{total:<4}  {run['name']}")
+    click.echo(f"({len(page['items'])} of {page['total']})")
+
+
+@main.command()
+@click.argument("run_id", type=int)
+@click.option("--rank", type=int, default=None, help="only this rank (-1: the launcher)")
+@click.option("--follow", "-f", is_flag=True, help="keep streaming until the run ends")
+@with_api
+def logs(run_id: int, rank: int | None, follow: bool, api_url: str | None, token: str | None) -> None:
+    """Print a run's logs, each line with its rank."""
+    client = Api(api_url, token)
+    if follow:
+        sys.exit(_follow(client, run_id, rank))
+    after = 0
+    while True:
+        params: dict[str, Any] = {"after": after, "limit": 5000}
+        if rank is not None:
+            params["rank"] = rank
+        lines = client.call("GET", f"/api/v1/runs/{run_id}/logs", params=params)
+        for line in lines:
+            click.echo(_format_line(line["rank"], line["text"]))
+        if len(lines) < 5000:
+            return
+        after = lines[-1]["id"]
+
+
+def _format_line(rank: int, text: str) -> str:
+    return f"[{'agent' if rank < 0 else f'rank {rank}'}] {text}"
+
+
+def _follow(client: Api, run_id: int, rank: int | None = None) -> int:
+    """Streams the run's log lines and state changes until it ends; exit code 0 if it succeeded."""
+    run = client.call("GET", f"/api/v1/runs/{run_id}")
+    last_id, status = "0-0", run["status"]
+    while True:
+        try:
+            with client.client.stream(
+                "GET",
+                f"/api/v1/runs/{run_id}/stream",
+                headers={"Last-Event-ID": last_id},
+                timeout=httpx.Timeout(30, read=None),
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise click.ClickException(f"{response.status_code}: {_describe_error(response)}")
+                event = ""
+                for line in response.iter_lines():
+                    if line.startswith("id: "):
+                        last_id = line[4:]
+                    elif line.startswith("event: "):
+                        event = line[7:]
+                    elif line.startswith("data: "):
+                        data = json.loads(line[6:])
+                        if event == "logs":
+                            for line_rank, _ts, text in data["lines"]:
+                                if rank is None or rank == line_rank:
+                                    click.echo(_format_line(line_rank, text))
+                        elif event == "state":
+                            status = data["status"]
+                            click.echo(
+                                f"--- {status}" + (f": {data['reason']}" if data.get("reason") else ""), err=True
+                            )
+            if status in TERMINAL or client.call("GET", f"/api/v1/runs/{run_id}")["status"] in TERMINAL:
+                final = client.call("GET", f"/api/v1/runs/{run_id}")["status"]
+                return 0 if final == "succeeded" else 1
+        except httpx.HTTPError:
+            continue  # the api restarted: resume from the last event id
+
+
+@main.command()
+@click.argument("run_id", type=int)
+@with_api
+def cancel(run_id: int, api_url: str | None, token: str | None) -> None:
+    """Cancel a run: every one of its processes ends."""
+    run = Api(api_url, token).call("POST", f"/api/v1/runs/{run_id}/cancel")
+    click.echo(f"run {run['id']} {run['status']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""``torchyard up``: the whole system on embedded defaults in one command: a private Redis (when
+no TORCHYARD_REDIS_URL), SQLite under the state directory, the api with its scheduler, ingest
+and one local worker. Ctrl-C stops every process it started, training ranks included."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+
+from torchyard.procs import RedisServer, wait_for
+from torchyard.settings import Settings
+
+STOP_TIMEOUT_S = 15.0
+
+
+def _install_admin_token(settings: Settings) -> str:
+    from sqlalchemy.orm import Session
+
+    from backend.db import make_engine
+    from backend.security import create_token
+
+    engine = make_engine(settings.sqlalchemy_url)
+    with Session(engine) as session, session.begin():
+        _token, value = create_token(session, "admin", "admin", settings.admin_token or None)
+    engine.dispose()
+    return value
+
+
+def credentials_file(settings: Settings) -> Path:
+    return settings.state_dir / "credentials.json"
+
+
+class Stack:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.redis: RedisServer | None = None
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.stopping = threading.Event()
+
+    def start(self) -> str:
+        from backend.migrate import upgrade
+
+        s = self.settings
+        s.state_dir.mkdir(parents=True, exist_ok=True)
+        redis_url = s.redis_url
+        if not redis_url:
+            self.redis = RedisServer(s.state_dir / "redis").start()
+            redis_url = self.redis.url
+        s = self.settings = s.model_copy(update={"redis_url": redis_url})
+        print(f"database: {s.sqlalchemy_url}\nredis:    {redis_url}", flush=True)
+        upgrade(s.sqlalchemy_url)
+        token = _install_admin_token(s)
+        env = {
+            **os.environ,
+            "TORCHYARD_REDIS_URL": redis_url,
+            "TORCHYARD_DATABASE_URL": s.sqlalchemy_url,
+            "TORCHYARD_STATE_DIR": str(s.state_dir),
+            "TORCHYARD_API_URL": s.api_url,
+        }
+        cli = [sys.executable, "-m", "torchyard.cli"]
+        self.procs["api"] = subprocess.Popen([*cli, "api", "--host", s.host, "--port", str(s.port)], env=env)
+        self.procs["ingest"] = subprocess.Popen([*cli, "ingest"], env=env)
+        self.procs["worker"] = subprocess.Popen([*cli, "worker"], env=env)
+        wait_for(lambda: httpx.get(f"http://{s.host}:{s.port}/readyz", timeout=2).status_code == 200, 60, "the api")
+        url = f"http://{s.host}:{s.port}"
+        credentials_file(s).write_text(json.dumps({"api_url": url, "token": token}))
+        credentials_file(s).chmod(0o600)
+        print(
+            f"\ntorchyard is up: {url}/#/login?token={token}\nadmin token: {token}\n"
+            f"(the CLI on this machine reads {credentials_file(s)})",
+            flush=True,
+        )
+        return token
+
+    def wait(self) -> int:
+        """Blocks until a signal or a child's death; returns the exit code for ``up``."""
+        while not self.stopping.is_set():
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    print(f"torchyard: {name} exited with {proc.returncode}; stopping", file=sys.stderr)
+                    return 1
+            self.stopping.wait(0.5)
+        return 0
+
+    def stop(self) -> None:
+        self.stopping.set()
+        # The worker ends its runs' process groups on shutdown; stop it first, then the rest.
+        for name in ("worker", "api", "ingest"):
+            proc = self.procs.get(name)
+            if proc and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self._end_leftover_runs()
+        if self.redis:
+            self.redis.stop()
+
+    def _end_leftover_runs(self) -> None:
+        from workers import launcher
+
+        for record in launcher.attempts_dir(self.settings).glob("*.json"):
+            info = json.loads(record.read_text())
+            if launcher.is_run_process(info["pgid"], info["run_id"]):
+                launcher.end_process_group(info["pgid"], self.settings.cancel_grace_s)
+
+
+def up(settings: Settings) -> int:
+    stack = Stack(settings)
+
+    def _on_signal(_signum: int, _frame: object) -> None:
+        stack.stopping.set()
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    try:
+        stack.start()
+        code = stack.wait()
+    finally:
+        print("torchyard: stopping", flush=True)
+        stack.stop()
+    return code

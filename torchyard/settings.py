@@ -1,0 +1,72 @@
+"""The one reader of the environment: every process takes its configuration from here."""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TORCHYARD_", extra="ignore")
+
+    env: Literal["development", "production"] = Field(
+        "development", description="production refuses SQLite and a missing admin token"
+    )
+    state_dir: Path = Field(
+        Path.home() / ".torchyard",
+        description="SQLite database, private Redis, worker state and run directories",
+    )
+    database_url: str = Field("", description="SQLAlchemy URL; default SQLite in state_dir")
+    redis_url: str = Field("", description="Redis for broker and streams; `up` starts one if empty")
+    api_url: str = Field("http://127.0.0.1:8000", description="where the CLI and workers reach the api")
+    token: str = Field("", description="bearer token the CLI sends")
+    admin_token: str = Field("", description="admin token `up` installs instead of a new one")
+    host: str = Field("127.0.0.1", description="api bind address")
+    port: int = Field(8000, description="api port")
+
+    node_id: str = Field(default_factory=socket.gethostname, description="this worker's node id")
+    node_host: str = Field("127.0.0.1", description="address other nodes reach this one at")
+    node_slots: int = Field(
+        default_factory=lambda: os.cpu_count() or 1, ge=1, description="processes this node runs at once"
+    )
+    node_devices: str = Field("", description="comma list, e.g. cpu,cuda; default: detected")
+    heartbeat_s: float = Field(2.0, gt=0, description="worker heartbeat period")
+    node_timeout_s: float = Field(15.0, gt=0, description="a node silent this long is lost")
+    cancel_grace_s: float = Field(2.0, ge=0, description="SIGTERM to SIGKILL grace on cancel")
+    scheduler_interval_s: float = Field(1.0, gt=0, description="scheduler pass period")
+    ingest_batch: int = Field(500, ge=1, description="stream entries per ingest transaction")
+
+    @model_validator(mode="after")
+    def _refuse_unsafe_production(self) -> Settings:
+        if self.env == "production":
+            if self.sqlalchemy_url.startswith("sqlite"):
+                raise ValueError("TORCHYARD_ENV=production needs TORCHYARD_DATABASE_URL (PostgreSQL), not SQLite")
+            if not self.redis_url:
+                raise ValueError("TORCHYARD_ENV=production needs TORCHYARD_REDIS_URL")
+        return self
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.state_dir / 'torchyard.db'}"
+
+    @property
+    def devices(self) -> list[str]:
+        if self.node_devices:
+            return [d.strip() for d in self.node_devices.split(",") if d.strip()]
+        return ["cpu", "cuda"] if _has_cuda() else ["cpu"]
+
+
+def _has_cuda() -> bool:
+    # Avoid importing torch (2 s) in processes that never train: ask the driver's device nodes.
+    return Path("/dev/nvidiactl").exists()
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

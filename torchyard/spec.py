@@ -1,0 +1,101 @@
+"""The run spec: what a user submits. Validated at submit (a bad spec is a 422 that names the
+field and the value) and handed unchanged to the ranks, which read it back with the same models."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MlpParams(_Strict):
+    input_dim: int = Field(32, ge=1, le=65536)
+    hidden: int = Field(128, ge=1, le=65536)
+    layers: int = Field(3, ge=1, le=64, description="hidden layers")
+    classes: int = Field(10, ge=2, le=65536)
+    samples: int = Field(8192, ge=1, description="synthetic data set size")
+
+
+class CharLMParams(_Strict):
+    d_model: int = Field(64, ge=8, le=4096)
+    n_layers: int = Field(2, ge=1, le=48)
+    n_heads: int = Field(4, ge=1, le=64)
+    seq_len: int = Field(64, ge=8, le=4096)
+    corpus_bytes: int = Field(2_000_000, ge=10_000, description="bytes of stdlib source to train on")
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> CharLMParams:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        return self
+
+
+class MlpWorkload(_Strict):
+    kind: Literal["builtin"] = "builtin"
+    name: Literal["mlp"]
+    params: MlpParams = MlpParams()
+
+
+class CharLMWorkload(_Strict):
+    kind: Literal["builtin"] = "builtin"
+    name: Literal["charlm"]
+    params: CharLMParams = CharLMParams()
+
+
+class FailWorkload(_Strict):
+    """Raises at the given step: shows how a failing script looks (and tests it)."""
+
+    kind: Literal["builtin"] = "builtin"
+    name: Literal["fail"]
+    params: dict[str, int] = Field(default_factory=lambda: {"at_step": 1})
+
+
+Workload = Annotated[MlpWorkload | CharLMWorkload | FailWorkload, Field(discriminator="name")]
+
+
+class DdpStrategy(_Strict):
+    kind: Literal["ddp"]
+    comm_hook: Literal["allreduce"] = "allreduce"
+
+
+Strategy = Annotated[DdpStrategy, Field(discriminator="kind")]
+
+
+class Resources(_Strict):
+    nodes: int = Field(1, ge=1, le=1, description="multi-node gang placement is not available yet")
+    procs_per_node: int = Field(1, ge=1, le=256)
+    device: Literal["cpu", "cuda"] = "cpu"
+    priority: int = Field(0, ge=-100, le=100, description="higher runs first")
+
+
+class Training(_Strict):
+    steps: int = Field(100, ge=1, le=100_000_000)
+    batch_size: int = Field(64, ge=1, description="global batch, split evenly across ranks")
+    lr: float = Field(0.01, gt=0, le=100)
+    seed: int = Field(0, ge=0)
+    log_every: int = Field(1, ge=1, description="log metrics every N steps")
+
+
+class RunSpec(_Strict):
+    name: str = Field(..., min_length=1, max_length=200)
+    workload: Workload
+    strategy: Strategy = DdpStrategy(kind="ddp")
+    resources: Resources = Resources()
+    training: Training = Training()
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.nodes * self.resources.procs_per_node
+
+    @model_validator(mode="after")
+    def _batch_splits_across_ranks(self) -> RunSpec:
+        if self.training.batch_size % self.world_size:
+            raise ValueError(
+                f"training.batch_size ({self.training.batch_size}) must be divisible by "
+                f"nodes × procs_per_node ({self.world_size})"
+            )
+        return self

@@ -1,0 +1,263 @@
+"""Launching one node's share of an attempt as a torchrun process tree in its own session,
+capturing every rank's output, obeying cancels, and ending orphans a dead worker left behind.
+
+Why a subprocess and its own session (see ARCHITECTURE.md "Measured on this machine"): Celery's
+revoke kills only the pool child, leaving torchrun training; ``elastic_launch`` cannot start
+inside a prefork child. A process group we own can be ended whole with ``killpg``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import redis
+
+from torchyard import streams
+from torchyard.settings import Settings
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+RANK_PREFIX = re.compile(r"^\[torchyard-rank (\d+)\]:(.*)$")
+# Variables a training process may inherit; nothing else of the worker's environment (no secrets).
+PASSED_ENV = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TMPDIR",
+    "TZ",
+    "CUDA_VISIBLE_DEVICES",
+    "NCCL_DEBUG",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "OPENBLAS_CORETYPE",
+    "OPENBLAS_L2_SIZE",
+)
+LOG_FLUSH_S = 0.25
+TAIL_LINES = 60
+
+
+@dataclass
+class Outcome:
+    status: str  # succeeded | failed | cancelled
+    returncode: int | None
+    reason: str
+
+
+def attempts_dir(settings: Settings) -> Path:
+    """Where a worker records the process groups it started, so a restarted worker finds them."""
+    path = settings.state_dir / "workers" / settings.node_id / "attempts"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def training_env(settings: Settings, run_id: int, attempt: int, spec: dict, run_dir: Path) -> dict[str, str]:
+    env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+    env.update(
+        PYTHONPATH=str(PROJECT_ROOT),
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+        TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[torchyard-rank ${rank}]:",
+        TORCHYARD_REDIS_URL=settings.redis_url,
+        TORCHYARD_RUN_ID=str(run_id),
+        TORCHYARD_ATTEMPT=str(attempt),
+        TORCHYARD_SPEC=json.dumps(spec),
+        TORCHYARD_RUN_DIR=str(run_dir),
+    )
+    return env
+
+
+def torchrun_command(spec: dict, run_dir: Path) -> list[str]:
+    res = spec["resources"]
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--standalone", "--nnodes", "1", "--nproc-per-node", str(res["procs_per_node"]),
+        "--max-restarts", "0", "--tee", "3", "--log-dir", str(run_dir / "torchrun-logs"),
+        "-m", "workers.runtime.train",
+    ]  # fmt: skip
+
+
+class _LogPump:
+    """Reads the launcher's combined output and XADDs it in batches, one entry per ~250 ms."""
+
+    def __init__(self, client: redis.Redis, run_id: int, attempt: int, pipe: IO[bytes]) -> None:
+        self.client, self.stream, self.attempt, self.pipe = client, streams.run_stream(run_id), attempt, pipe
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.thread = threading.Thread(target=self._pump, name=f"logs-{run_id}", daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        batch: list[list[object]] = []
+        last_flush = time.monotonic()
+        for raw in iter(self.pipe.readline, b""):
+            text = raw.decode(errors="replace").rstrip("\n")
+            match = RANK_PREFIX.match(text)
+            rank, text = (int(match.group(1)), match.group(2)) if match else (-1, text)
+            self.tail.append(text)
+            batch.append([rank, time.time(), text])
+            if time.monotonic() - last_flush >= LOG_FLUSH_S or len(batch) >= 500:
+                self._send(batch)
+                batch, last_flush = [], time.monotonic()
+        self._send(batch)
+
+    def _send(self, lines: list[list[object]]) -> None:
+        if not lines:
+            return
+        entry = streams.encode(streams.LOGS, {"attempt": self.attempt, "lines": lines})
+        for delay in (0.1, 0.5, 1, 2, 4, 8):  # Redis may be restarting; the lines wait for it
+            try:
+                self.client.xadd(self.stream, entry)
+                return
+            except redis.RedisError:
+                time.sleep(delay)
+        log.error("dropped %d log lines of %s: Redis unreachable", len(lines), self.stream)
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout)
+
+
+def report(client: redis.Redis, run_id: int, attempt: int, node_id: str, event: str, **fields: object) -> None:
+    data = {"attempt": attempt, "node": node_id, "event": event, **fields}
+    for delay in (0.1, 0.5, 1, 2, 4, 8, 16):
+        try:
+            client.xadd(streams.run_stream(run_id), streams.encode(streams.REPORT, data))
+            return
+        except redis.RedisError:
+            time.sleep(delay)
+    raise RuntimeError(f"could not report {event} of run {run_id} attempt {attempt}: Redis unreachable")
+
+
+def end_process_group(pgid: int, grace_s: float) -> None:
+    """SIGTERM the whole group (torchrun forwards it to its ranks), SIGKILL what remains."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    # Zombies still count for killpg(0); a group of only zombies is done.
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def run_attempt(client: redis.Redis, settings: Settings, run_id: int, attempt: int, spec: dict) -> Outcome:
+    """Runs the node's share of an attempt to its end; returns how it ended. Blocks."""
+    run_dir = settings.state_dir / "runs" / str(run_id) / f"attempt-{attempt}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        torchrun_command(spec, run_dir),
+        env=training_env(settings, run_id, attempt, spec, run_dir),
+        cwd=run_dir,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: killpg ends torchrun and every rank
+    )
+    record = attempts_dir(settings) / f"{run_id}-{attempt}.json"
+    record.write_text(json.dumps({"run_id": run_id, "attempt": attempt, "pgid": proc.pid}))
+    pump = _LogPump(client, run_id, attempt, proc.stdout)  # type: ignore[arg-type]
+    report(client, run_id, attempt, settings.node_id, "started", pid=proc.pid)
+    cancelled = False
+    try:
+        while proc.poll() is None:
+            if not cancelled and _cancel_requested(client, run_id):
+                cancelled = True
+                end_process_group(proc.pid, settings.cancel_grace_s)
+            time.sleep(0.2)
+        # Ranks may have left children of their own (data loaders): the group goes with the run.
+        end_process_group(proc.pid, 0.5)
+    finally:
+        pump.join(timeout=10)
+        record.unlink(missing_ok=True)
+    return _outcome(proc.returncode, cancelled, list(pump.tail))
+
+
+def _cancel_requested(client: redis.Redis, run_id: int) -> bool:
+    try:
+        return bool(client.exists(streams.cancel_key(run_id)))
+    except redis.RedisError:
+        return False  # Redis briefly away: keep training, ask again next tick
+
+
+def _outcome(returncode: int, cancelled: bool, tail: list[str]) -> Outcome:
+    if cancelled:
+        return Outcome("cancelled", returncode, "every process of the run was ended on cancel")
+    if returncode == 0:
+        return Outcome("succeeded", 0, "")
+    how = f"killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exit code {returncode}"
+    return Outcome("failed", returncode, f"training exited with {how}\n" + _traceback_tail(tail))
+
+
+def _traceback_tail(tail: list[str]) -> str:
+    """The last traceback the ranks printed (the part a user needs), else the last lines."""
+    for i in range(len(tail) - 1, -1, -1):
+        if tail[i].lstrip().startswith("Traceback (most recent call last)"):
+            return "\n".join(tail[i:])
+    return "\n".join(tail[-20:])
+
+
+def end_orphans(client: redis.Redis, settings: Settings) -> int:
+    """A worker killed with -9 leaves its torchrun trees running: end them and report them."""
+    ended = 0
+    for record in attempts_dir(settings).glob("*.json"):
+        info = json.loads(record.read_text())
+        if is_run_process(info["pgid"], info["run_id"]):
+            log.warning(
+                "ending orphaned run %s attempt %s (process group %s)", info["run_id"], info["attempt"], info["pgid"]
+            )
+            end_process_group(info["pgid"], settings.cancel_grace_s)
+            ended += 1
+        report(
+            client,
+            info["run_id"],
+            info["attempt"],
+            settings.node_id,
+            "exited",
+            status="failed",
+            returncode=None,
+            reason=f"worker {settings.node_id} restarted; the attempt's processes were ended",
+        )
+        record.unlink(missing_ok=True)
+    return ended
+
+
+def is_run_process(pgid: int, run_id: int) -> bool:
+    """A recorded pgid may have been reused by the OS: only end it if it is the run's torchrun."""
+    try:
+        environ = Path(f"/proc/{pgid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"TORCHYARD_RUN_ID={run_id}".encode() in environ

@@ -1,0 +1,137 @@
+"""The rank entrypoint the launcher runs under torch elastic:
+
+    python -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node N -m workers.runtime.train
+
+Reads the run spec (JSON of :class:`torchyard.spec.RunSpec`) from ``TORCHYARD_SPEC``; the process
+group from torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``;
+metrics go through :mod:`torchyard.sdk` (``TORCHYARD_REDIS_URL``, ``TORCHYARD_RUN_ID``,
+``TORCHYARD_ATTEMPT``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+import torchyard
+from torchyard.spec import RunSpec
+from workers.runtime.workloads import Batch, Workload, as_batch, build
+
+
+def say(line: str) -> None:
+    """One write per line, so the lines of ranks sharing a stdout do not interleave mid-line."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def batches(workload: Workload, per_rank: int, rank: int, world: int, seed: int) -> Iterator[Batch]:
+    """This rank's shard of the data set, ``per_rank`` samples at a time, epoch after epoch."""
+    sampler = DistributedSampler(workload.dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
+    if len(sampler) < per_rank:
+        raise ValueError(
+            f"each rank's shard has {len(sampler)} samples, fewer than its batch of {per_rank}: "
+            "use a smaller batch_size or a larger data set"
+        )
+    loader = DataLoader(workload.dataset, batch_size=per_rank, sampler=sampler, drop_last=True, collate_fn=as_batch)
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def train(spec: RunSpec) -> None:
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = spec.resources.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo")
+    world = dist.get_world_size()
+    rank = dist.get_rank()
+
+    t = spec.training
+    seed_everything(t.seed)  # before building: every rank starts from the same weights
+    workload = build(spec)
+    model = workload.model.to(device)
+    ddp = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
+    optimizer = workload.make_optimizer(ddp.parameters(), t.lr)
+    per_rank = t.batch_size // world
+    data = batches(workload, per_rank, rank, world, t.seed)
+    params = sum(p.numel() for p in model.parameters())
+    say(
+        f"rank {rank}/{world}: workload {workload.name}, strategy {spec.strategy.kind}, device {device}, "
+        f"{params:,} parameters, {len(workload.dataset):,} samples, batch {per_rank}/rank, {t.steps} steps"
+    )
+
+    print_every = max(1, t.steps // 10)
+    started = time.perf_counter()
+    for step in range(1, t.steps + 1):
+        logged = step % t.log_every == 0 or step == t.steps
+        t0 = time.perf_counter()
+        batch = tuple(x.to(device, non_blocking=True) for x in next(data))
+        t1 = time.perf_counter()
+        if workload.before_step is not None:
+            workload.before_step(step)
+        optimizer.zero_grad(set_to_none=True)
+        loss = workload.loss(ddp, batch)
+        loss.backward()
+        optimizer.step()
+        if logged or step % print_every == 0:
+            if cuda:
+                torch.cuda.synchronize(device)
+            step_time = time.perf_counter() - t0
+            loss_value = float(loss.detach())
+            if logged:
+                scalars = {
+                    "loss": loss_value,
+                    "lr": optimizer.param_groups[0]["lr"],
+                    "step_time_s": step_time,
+                    "samples_per_s": per_rank / step_time,
+                    "data_time_s": t1 - t0,
+                }
+                if workload.tokens_per_sample:
+                    scalars["tokens_per_s"] = per_rank * workload.tokens_per_sample / step_time
+                torchyard.log(step, **scalars)
+            if step % print_every == 0 or step == t.steps:
+                say(f"step {step}/{t.steps} loss {loss_value:.4f} {step_time * 1e3:.1f} ms/step")
+    elapsed = time.perf_counter() - started
+    say(f"rank {rank}/{world}: done, {t.steps} steps in {elapsed:.1f} s ({t.steps / elapsed:.2f} steps/s)")
+
+
+@record
+def main() -> None:
+    raw = os.environ.get("TORCHYARD_SPEC")
+    if not raw:
+        raise SystemExit("TORCHYARD_SPEC is not set: it must hold the run spec as JSON")
+    spec = RunSpec.model_validate_json(raw)
+    try:
+        train(spec)
+    finally:
+        if not torchyard.flush(float(os.environ.get("TORCHYARD_SDK_EXIT_FLUSH_S", "30"))):
+            say("torchyard: some metrics were not written to Redis in time")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

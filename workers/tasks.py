@@ -1,0 +1,58 @@
+"""Thin Celery tasks: claim, delegate to the launcher, report. A second delivery of the same
+attempt finds the claim and does nothing."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from functools import lru_cache
+
+import redis
+
+from torchyard import streams
+from torchyard.settings import get_settings
+from workers import launcher
+from workers.celery_app import RUN_ATTEMPT_TASK, app
+
+log = logging.getLogger(__name__)
+
+
+@lru_cache
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(get_settings().redis_url, socket_timeout=10)
+
+
+@app.task(name=RUN_ATTEMPT_TASK)
+def run_attempt(run_id: int, attempt: int, spec: dict) -> str:
+    settings, client = get_settings(), _redis()
+    if not client.set(streams.attempt_claim_key(run_id, attempt), settings.node_id, nx=True, ex=7 * 86400):
+        log.info("run %s attempt %s is already claimed: duplicate delivery ignored", run_id, attempt)
+        return "duplicate"
+    if client.exists(streams.cancel_key(run_id)):
+        launcher.report(
+            client,
+            run_id,
+            attempt,
+            settings.node_id,
+            "exited",
+            status="cancelled",
+            returncode=None,
+            reason="cancelled before it started",
+        )
+        return "cancelled"
+    try:
+        outcome = launcher.run_attempt(client, settings, run_id, attempt, spec)
+    except Exception:
+        log.exception("launching run %s attempt %s failed", run_id, attempt)
+        outcome = launcher.Outcome("failed", None, "the worker could not launch the run:\n" + traceback.format_exc())
+    launcher.report(
+        client,
+        run_id,
+        attempt,
+        settings.node_id,
+        "exited",
+        status=outcome.status,
+        returncode=outcome.returncode,
+        reason=outcome.reason,
+    )
+    return outcome.status
