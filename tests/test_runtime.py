@@ -30,7 +30,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     srv.stop()
 
 
-def torchrun(server: RedisServer, spec: dict[str, Any], timeout: float = 60) -> tuple[int, subprocess.CompletedProcess[str]]:
+def torchrun(
+    server: RedisServer, spec: dict[str, Any], timeout: float = 60
+) -> tuple[int, subprocess.CompletedProcess[str]]:
     run_id = next(_run_ids)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")}
     env.update(
@@ -52,7 +54,8 @@ def points(server: RedisServer, run_id: int) -> list[tuple[int, int, dict[str, f
     client = redis.Redis.from_url(server.url)
     try:
         out = []
-        for _id, fields in client.xrange(streams.run_stream(run_id)):
+        entries: Any = client.xrange(streams.run_stream(run_id))
+        for _id, fields in entries:
             kind, data = streams.decode(fields)
             assert kind == streams.METRICS and data["attempt"] == 1 and data["dropped"] == 0
             out += [(data["rank"], step, values) for step, _ts, values in data["points"]]
@@ -123,7 +126,10 @@ def test_failing_workload_exits_non_zero_with_its_error(server: RedisServer) -> 
 
 @pytest.mark.timeout(90)
 def test_charlm_runs_and_logs_finite_loss(server: RedisServer) -> None:
-    workload = {"name": "charlm", "params": {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 32, "corpus_bytes": 200_000}}
+    workload = {
+        "name": "charlm",
+        "params": {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 32, "corpus_bytes": 200_000},
+    }
     run_id, proc = torchrun(server, spec(workload, 5, batch_size=16))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     pts = points(server, run_id)

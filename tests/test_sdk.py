@@ -37,7 +37,8 @@ def metrics_entries(url: str, run_id: int) -> list[dict[str, Any]]:
     client = redis.Redis.from_url(url)
     try:
         out = []
-        for _id, fields in client.xrange(streams.run_stream(run_id)):
+        entries: Any = client.xrange(streams.run_stream(run_id))
+        for _id, fields in entries:
             kind, data = streams.decode(fields)
             assert kind == streams.METRICS
             out.append(data)
@@ -60,8 +61,14 @@ def rank_env(url: str, run_id: int, rank: int, **extra: str) -> dict[str, str]:
 
 def python(code: str, env: dict[str, str], **kwargs: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=ROOT, text=True,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs,
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        cwd=ROOT,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kwargs,
     )
 
 
@@ -76,7 +83,7 @@ def test_two_ranks_deliver_every_point_before_exit(server: RedisServer) -> None:
     """
     procs = [python(code, rank_env(server.url, 11, rank)) for rank in (0, 1)]
     for proc in procs:
-        out, err = proc.communicate(timeout=50)
+        _out, err = proc.communicate(timeout=50)
         assert proc.returncode == 0, err
     entries = metrics_entries(server.url, 11)
     counts = point_counts(entries)
@@ -171,7 +178,7 @@ def test_forked_child_keeps_its_own_buffer(server: RedisServer) -> None:
         assert os.waitpid(pid, 0)[1] == 0
     """
     proc = python(code, rank_env(server.url, 14, 0))
-    out, err = proc.communicate(timeout=50)
+    _out, err = proc.communicate(timeout=50)
     assert proc.returncode == 0, err
     counts = point_counts(metrics_entries(server.url, 14))
     assert counts == Counter({(0, s): 1 for s in range(1, 31)})

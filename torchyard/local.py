@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from torchyard.procs import RedisServer, wait_for
-from torchyard.settings import Settings
+from torchyard.settings import Settings, settings_env
 
 STOP_TIMEOUT_S = 15.0
 
@@ -53,23 +53,19 @@ class Stack:
         if not redis_url:
             self.redis = RedisServer(s.state_dir / "redis").start()
             redis_url = self.redis.url
-        s = self.settings = s.model_copy(update={"redis_url": redis_url})
+        url = f"http://{s.host}:{s.port}"
+        s = self.settings = s.model_copy(
+            update={"redis_url": redis_url, "database_url": s.sqlalchemy_url, "api_url": url}
+        )
         print(f"database: {s.sqlalchemy_url}\nredis:    {redis_url}", flush=True)
         upgrade(s.sqlalchemy_url)
         token = _install_admin_token(s)
-        env = {
-            **os.environ,
-            "TORCHYARD_REDIS_URL": redis_url,
-            "TORCHYARD_DATABASE_URL": s.sqlalchemy_url,
-            "TORCHYARD_STATE_DIR": str(s.state_dir),
-            "TORCHYARD_API_URL": s.api_url,
-        }
+        env = {**os.environ, **settings_env(s)}  # children see exactly this stack's settings
         cli = [sys.executable, "-m", "torchyard.cli"]
-        self.procs["api"] = subprocess.Popen([*cli, "api", "--host", s.host, "--port", str(s.port)], env=env)
+        self.procs["api"] = subprocess.Popen([*cli, "api"], env=env)
         self.procs["ingest"] = subprocess.Popen([*cli, "ingest"], env=env)
         self.procs["worker"] = subprocess.Popen([*cli, "worker"], env=env)
-        wait_for(lambda: httpx.get(f"http://{s.host}:{s.port}/readyz", timeout=2).status_code == 200, 60, "the api")
-        url = f"http://{s.host}:{s.port}"
+        wait_for(lambda: httpx.get(f"{url}/readyz", timeout=2).status_code == 200, 60, "the api")
         credentials_file(s).write_text(json.dumps({"api_url": url, "token": token}))
         credentials_file(s).chmod(0o600)
         print(

@@ -17,6 +17,7 @@ Without the first two, ``log`` is a cheap no-op (with one warning).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import logging
 import os
@@ -158,7 +159,7 @@ class _Writer:
             dropped = self._dropped
         end = start + len(points)
         entry = {"attempt": self.attempt, "rank": self.rank, "points": points, "dropped": dropped}
-        self._client.xadd(self.stream, streams.encode(streams.METRICS, entry))  # type: ignore[arg-type]
+        self._client.xadd(self.stream, streams.encode(streams.METRICS, entry))
         with self._cond:
             # Points of this batch dropped while it was in flight were written after all.
             self._dropped -= max(0, min(self._head, end) - start)
@@ -177,10 +178,8 @@ class _Writer:
         return redis.Redis.from_url(self.url, socket_timeout=10, socket_connect_timeout=2, retry=Retry(NoBackoff(), 0))
 
     def _disconnect(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self._client.connection_pool.disconnect()  # the next command connects afresh
-        except Exception:
-            pass
 
 
 class _Disabled:

@@ -67,6 +67,15 @@ def _has_cuda() -> bool:
     return Path("/dev/nvidiactl").exists()
 
 
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The settings as TORCHYARD_* variables, for the processes a parent starts."""
+    return {
+        f"TORCHYARD_{name.upper()}": str(value)
+        for name, value in settings.model_dump().items()
+        if value not in ("", None)
+    }
+
+
 @lru_cache
 def get_settings() -> Settings:
     return Settings()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -42,7 +43,9 @@ def seed_everything(seed: int) -> None:
 
 def batches(workload: Workload, per_rank: int, rank: int, world: int, seed: int) -> Iterator[Batch]:
     """This rank's shard of the data set, ``per_rank`` samples at a time, epoch after epoch."""
-    sampler = DistributedSampler(workload.dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
+    sampler: DistributedSampler[Batch] = DistributedSampler(
+        workload.dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed
+    )
     if len(sampler) < per_rank:
         raise ValueError(
             f"each rank's shard has {len(sampler)} samples, fewer than its batch of {per_rank}: "
@@ -118,12 +121,19 @@ def train(spec: RunSpec) -> None:
     say(f"rank {rank}/{world}: done, {t.steps} steps in {elapsed:.1f} s ({t.steps / elapsed:.2f} steps/s)")
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 @record
 def main() -> None:
     raw = os.environ.get("TORCHYARD_SPEC")
     if not raw:
         raise SystemExit("TORCHYARD_SPEC is not set: it must hold the run spec as JSON")
     spec = RunSpec.model_validate_json(raw)
+    # torch elastic stops the other ranks with SIGTERM when one fails (and a cancel does the same):
+    # exit through Python, so the metrics already logged are flushed on the way out.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         train(spec)
     finally:

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -27,12 +28,25 @@ from torchyard.spec import CharLMParams, MlpParams, RunSpec
 Batch = tuple[Tensor, ...]
 
 
-def as_batch(batch: Batch) -> Batch:
+def as_batch(batch: Any) -> Any:
     """DataLoader ``collate_fn`` for these data sets: ``__getitems__`` already made the batch."""
     return batch
 
 
-class TensorBatches(Dataset[Batch]):
+class BatchDataset(Dataset[Batch]):
+    """A map-style data set of known length whose ``__getitems__(indices)`` returns the batch."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> Batch:
+        raise NotImplementedError
+
+    def __getitems__(self, indices: list[int]) -> Batch:
+        raise NotImplementedError
+
+
+class TensorBatches(BatchDataset):
     """Samples held as tensors; indexing a list of indices yields the whole batch at once."""
 
     def __init__(self, *tensors: Tensor) -> None:
@@ -50,7 +64,7 @@ class TensorBatches(Dataset[Batch]):
         return tuple(t[idx] for t in self.tensors)
 
 
-class WindowBatches(Dataset[Batch]):
+class WindowBatches(BatchDataset):
     """Non-overlapping windows of a byte sequence: sample i is (x, y) = data[iL:iL+L], data[iL+1:iL+L+1]."""
 
     def __init__(self, data: Tensor, seq_len: int) -> None:
@@ -76,7 +90,7 @@ class WindowBatches(Dataset[Batch]):
 class Workload:
     name: str
     model: nn.Module
-    dataset: Dataset[Batch]
+    dataset: BatchDataset
     loss: Callable[[nn.Module, Batch], Tensor]  # (model, batch on the model's device) -> scalar loss
     make_optimizer: Callable[[Iterable[nn.Parameter], float], torch.optim.Optimizer]
     tokens_per_sample: int = 0  # > 0: the runtime also reports tokens_per_s
@@ -179,7 +193,7 @@ def build_charlm(p: CharLMParams, seed: int) -> Workload:
 
 def build_fail(params: dict[str, int], seed: int) -> Workload:
     at_step = int(params.get("at_step", 1))
-    workload = build_mlp(MlpParams(hidden=16, layers=1, samples=1024), seed, name="fail")
+    workload = build_mlp(MlpParams.model_validate({"hidden": 16, "layers": 1, "samples": 1024}), seed, name="fail")
 
     def before_step(step: int) -> None:
         if step == at_step:

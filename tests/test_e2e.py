@@ -1,0 +1,153 @@
+"""End to end, through real processes: submit over REST, train with torchrun (2 Gloo ranks), and
+read back metrics, logs, events and the live stream — on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from sqlalchemy import create_engine, func, select
+from sqlalchemy.orm import Session
+
+from backend.models import Metric
+from tests.conftest import TERMINAL, RunningStack
+from torchyard.procs import wait_for
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def read_sse(stack: RunningStack, run_id: int, last_event_id: str | None = None, limit: int | None = None,
+             on_event: Any = None) -> list[tuple[str, str, dict[str, Any]]]:
+    """(id, event, data) of every event until the server ends the stream or ``limit`` is reached."""
+    headers = {"Authorization": f"Bearer {stack.token}"}
+    if last_event_id:
+        headers["Last-Event-ID"] = last_event_id
+    events: list[tuple[str, str, dict[str, Any]]] = []
+    with httpx.stream("GET", f"{stack.url}/api/v1/runs/{run_id}/stream", headers=headers,
+                      timeout=httpx.Timeout(30, read=60)) as response:
+        assert response.status_code == 200, response.read()
+        event_id = event = ""
+        for line in response.iter_lines():
+            if line.startswith("id: "):
+                event_id = line[4:]
+            elif line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                events.append((event_id, event, json.loads(line[6:])))
+                if on_event:
+                    on_event(events[-1])
+                if limit and len(events) >= limit:
+                    break
+    return events
+
+
+def test_ddp_run_succeeds_with_every_step_of_every_rank_stored_once(stack: RunningStack) -> None:
+    steps = 60
+    run = stack.client.submit(name="mlp-ddp", steps=steps, params={"hidden": 64})
+    assert run["status"] == "queued"
+    done = stack.client.wait_status(run["id"], {"succeeded"})
+    assert done["last_step"] == steps
+
+    events = stack.client.http.get(f"/api/v1/runs/{run['id']}/events").json()
+    assert [e["to_status"] for e in events] == ["queued", "scheduled", "running", "succeeded"]
+
+    # Exactly once: one row per (rank, step) for loss, on both ranks, steps 1..N.
+    engine = create_engine(stack.settings.sqlalchemy_url)
+    with Session(engine) as session:
+        rows = session.execute(
+            select(Metric.rank, Metric.step, func.count()).where(Metric.run_id == run["id"], Metric.key == "loss")
+            .group_by(Metric.rank, Metric.step)
+        ).all()
+    engine.dispose()
+    assert {(rank, step) for rank, step, _ in rows} == {(r, s) for r in (0, 1) for s in range(1, steps + 1)}
+    assert all(count == 1 for _, _, count in rows)
+
+    keys = stack.client.http.get(f"/api/v1/runs/{run['id']}/metrics/keys").json()
+    assert {"loss", "step_time_s", "samples_per_s", "data_time_s"} <= set(keys)
+    series = stack.client.http.get(f"/api/v1/runs/{run['id']}/metrics", params={"key": "loss"}).json()
+    assert set(series["ranks"]) == {"0", "1"}
+    mean = series["aggregate"]["mean"]
+    assert len(mean) == steps
+    assert sum(mean[-10:]) / 10 < sum(mean[:10]) / 10, "loss should fall"
+    small = stack.client.http.get(f"/api/v1/runs/{run['id']}/metrics", params={"key": "loss", "max_points": 10}).json()
+    assert 2 <= len(small["aggregate"]["step"]) <= 10
+    assert max(small["aggregate"]["max"]) == max(series["aggregate"]["max"]), "the spike survives downsampling"
+
+    logs = stack.client.http.get(f"/api/v1/runs/{run['id']}/logs").json()
+    assert {0, 1} <= {line["rank"] for line in logs}
+    assert any(f"step {steps}/{steps}" in line["text"] for line in logs if line["rank"] == 0)
+    only_rank1 = stack.client.http.get(f"/api/v1/runs/{run['id']}/logs", params={"rank": 1}).json()
+    assert only_rank1 and {line["rank"] for line in only_rank1} == {1}
+
+    nodes = stack.client.http.get("/api/v1/nodes").json()
+    assert nodes[0]["slots"] == 4 and nodes[0]["free_slots"] == 4 and nodes[0]["status"] == "alive"
+
+    listed = stack.client.http.get("/api/v1/runs", params={"status": "succeeded", "name": "mlp-ddp"}).json()
+    assert run["id"] in [r["id"] for r in listed["items"]]
+
+
+def test_stream_delivers_metrics_live_and_resumes_by_last_event_id(stack: RunningStack) -> None:
+    run = stack.client.submit(name="live", steps=1500, params={"hidden": 32})
+    status_at_first_metrics: list[str] = []
+
+    def note(event: tuple[str, str, dict[str, Any]]) -> None:
+        if event[1] == "metrics" and not status_at_first_metrics:
+            status_at_first_metrics.append(stack.client.run(run["id"])["status"])
+
+    first = read_sse(stack, run["id"], limit=25, on_event=note)
+    assert status_at_first_metrics and status_at_first_metrics[0] not in TERMINAL, "metrics must arrive while it runs"
+    rest = read_sse(stack, run["id"], last_event_id=first[-1][0])
+    whole = read_sse(stack, run["id"])  # the run is over: a fresh read replays everything and ends
+
+    resumed_ids = [e[0] for e in first + rest]
+    assert resumed_ids == [e[0] for e in whole], "resuming by Last-Event-ID misses nothing and repeats nothing"
+    assert len(set(resumed_ids)) == len(resumed_ids)
+    assert whole[-1][1] == "state" and whole[-1][2]["status"] == "succeeded"
+    points = {(d["rank"], p[0]) for _, kind, d in whole if kind == "metrics" for p in d["points"]}
+    assert points == {(r, s) for r in (0, 1) for s in range(1, 1501)}
+
+
+def run_processes(run_id: int) -> list[psutil.Process]:
+    """Every live process that belongs to the run (the launcher gives each its run id)."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("TORCHYARD_RUN_ID") == str(run_id) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def test_cancel_ends_every_process_of_the_run_within_5_seconds(stack: RunningStack) -> None:
+    run = stack.client.submit(name="to-cancel", steps=10_000_000, params={"hidden": 32})
+    wait_for(lambda: stack.client.run(run["id"])["last_step"] > 5, 60, "the run to train a few steps", 0.2)
+    procs = run_processes(run["id"])
+    assert len(procs) >= 3, f"expected torchrun and 2 ranks, found {procs}"
+    started = time.monotonic()
+    cancelled = stack.client.http.post(f"/api/v1/runs/{run['id']}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelling"
+    gone, alive = psutil.wait_procs(procs, timeout=5)
+    assert not alive, f"still alive 5 s after cancel: {alive}"
+    stack.client.wait_status(run["id"], {"cancelled"}, timeout=10)
+    assert time.monotonic() - started < 10
+    assert not run_processes(run["id"])
+    again = stack.client.http.post(f"/api/v1/runs/{run['id']}/cancel")
+    assert again.status_code == 409 and "cancelled" in again.json()["detail"]
+
+
+def test_failing_workload_fails_with_its_traceback_and_the_worker_takes_the_next_run(stack: RunningStack) -> None:
+    run = stack.client.submit(name="boom", workload="fail", params={"at_step": 3}, steps=10)
+    failed = stack.client.wait_status(run["id"], {"failed"})
+    assert "RuntimeError: workload 'fail' raised at step 3" in failed["status_reason"]
+    events = stack.client.http.get(f"/api/v1/runs/{run['id']}/events").json()
+    assert "Traceback" in events[-1]["reason"]
+    logs = stack.client.http.get(f"/api/v1/runs/{run['id']}/logs").json()
+    assert any("raised at step 3" in line["text"] for line in logs)
+
+    after = stack.client.submit(name="after-failure", steps=5)
+    stack.client.wait_status(after["id"], {"succeeded"})
