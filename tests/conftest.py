@@ -115,7 +115,9 @@ def start_stack(tmp: Path, database_url: str, redis: RedisServer) -> RunningStac
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     """A whole system per database kind: api (+scheduler), ingest and a worker as subprocesses."""
     tmp = tmp_path_factory.mktemp(f"stack-{request.param}")
-    database_url = f"sqlite:///{tmp / 'torchyard.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    database_url = (
+        f"sqlite:///{tmp / 'torchyard.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    )
     redis = RedisServer(tmp / "redis").start()
     running = start_stack(tmp, database_url, redis)
     yield running

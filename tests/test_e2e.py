@@ -20,15 +20,17 @@ from torchyard.procs import wait_for
 pytestmark = pytest.mark.timeout(240)
 
 
-def read_sse(stack: RunningStack, run_id: int, last_event_id: str | None = None, limit: int | None = None,
-             on_event: Any = None) -> list[tuple[str, str, dict[str, Any]]]:
+def read_sse(
+    stack: RunningStack, run_id: int, last_event_id: str | None = None, limit: int | None = None, on_event: Any = None
+) -> list[tuple[str, str, dict[str, Any]]]:
     """(id, event, data) of every event until the server ends the stream or ``limit`` is reached."""
     headers = {"Authorization": f"Bearer {stack.token}"}
     if last_event_id:
         headers["Last-Event-ID"] = last_event_id
     events: list[tuple[str, str, dict[str, Any]]] = []
-    with httpx.stream("GET", f"{stack.url}/api/v1/runs/{run_id}/stream", headers=headers,
-                      timeout=httpx.Timeout(30, read=60)) as response:
+    with httpx.stream(
+        "GET", f"{stack.url}/api/v1/runs/{run_id}/stream", headers=headers, timeout=httpx.Timeout(30, read=60)
+    ) as response:
         assert response.status_code == 200, response.read()
         event_id = event = ""
         for line in response.iter_lines():
@@ -59,7 +61,8 @@ def test_ddp_run_succeeds_with_every_step_of_every_rank_stored_once(stack: Runni
     engine = create_engine(stack.settings.sqlalchemy_url)
     with Session(engine) as session:
         rows = session.execute(
-            select(Metric.rank, Metric.step, func.count()).where(Metric.run_id == run["id"], Metric.key == "loss")
+            select(Metric.rank, Metric.step, func.count())
+            .where(Metric.run_id == run["id"], Metric.key == "loss")
             .group_by(Metric.rank, Metric.step)
         ).all()
     engine.dispose()

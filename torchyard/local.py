@@ -60,11 +60,8 @@ class Stack:
         print(f"database: {s.sqlalchemy_url}\nredis:    {redis_url}", flush=True)
         upgrade(s.sqlalchemy_url)
         token = _install_admin_token(s)
-        env = {**os.environ, **settings_env(s)}  # children see exactly this stack's settings
-        cli = [sys.executable, "-m", "torchyard.cli"]
-        self.procs["api"] = subprocess.Popen([*cli, "api"], env=env)
-        self.procs["ingest"] = subprocess.Popen([*cli, "ingest"], env=env)
-        self.procs["worker"] = subprocess.Popen([*cli, "worker"], env=env)
+        for name in ("api", "ingest", "worker"):
+            self.spawn(name)
         wait_for(lambda: httpx.get(f"{url}/readyz", timeout=2).status_code == 200, 60, "the api")
         credentials_file(s).write_text(json.dumps({"api_url": url, "token": token}))
         credentials_file(s).chmod(0o600)
@@ -74,6 +71,12 @@ class Stack:
             flush=True,
         )
         return token
+
+    def spawn(self, name: str) -> subprocess.Popen[bytes]:
+        """Starts (or restarts) one of the stack's processes: ``torchyard <name>``."""
+        env = {**os.environ, **settings_env(self.settings)}  # children see exactly this stack's settings
+        self.procs[name] = subprocess.Popen([sys.executable, "-m", "torchyard.cli", name], env=env)
+        return self.procs[name]
 
     def wait(self) -> int:
         """Blocks until a signal or a child's death; returns the exit code for ``up``."""
