@@ -134,7 +134,7 @@ def test_cancel_ends_every_process_of_the_run_within_5_seconds(stack: RunningSta
     started = time.monotonic()
     cancelled = stack.client.http.post(f"/api/v1/runs/{run['id']}/cancel")
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelling"
-    gone, alive = psutil.wait_procs(procs, timeout=5)
+    _gone, alive = psutil.wait_procs(procs, timeout=5)
     assert not alive, f"still alive 5 s after cancel: {alive}"
     stack.client.wait_status(run["id"], {"cancelled"}, timeout=10)
     assert time.monotonic() - started < 10
