@@ -46,3 +46,13 @@ def find_token(session: Session, value: str) -> Token | None:
 
 def role_allows(role: str, needed: str) -> bool:
     return ROLES.index(role) >= ROLES.index(needed)
+
+
+def ensure_admin_token(session: Session, preferred: str | None) -> str | None:
+    """Installs ``preferred`` (e.g. TORCHYARD_ADMIN_TOKEN) as an admin token; without one, makes
+    a new admin token only if none exists yet. Returns the secret when there is one to show."""
+    if preferred:
+        return create_token(session, "admin", "admin", preferred)[1]
+    if session.scalar(select(Token).where(Token.role == "admin", Token.revoked_at.is_(None))) is None:
+        return create_token(session, "admin", "admin")[1]
+    return None

@@ -90,11 +90,19 @@ def worker(concurrency: int | None) -> None:
 
 @main.command()
 def migrate() -> None:
-    """Upgrade the database schema to the newest migration."""
+    """Upgrade the database schema to the newest migration; install TORCHYARD_ADMIN_TOKEN, or
+    create an admin token (printed once) if the database has none."""
+    from backend.db import transaction
     from backend.migrate import upgrade
+    from backend.security import ensure_admin_token
 
-    upgrade(get_settings().sqlalchemy_url)
+    settings = get_settings()
+    upgrade(settings.sqlalchemy_url)
     click.echo("database is at the newest schema")
+    with transaction() as session:
+        token = ensure_admin_token(session, settings.admin_token or None)
+    if token and not settings.admin_token:
+        click.echo(f"admin token (shown once): {token}")
 
 
 def _server_settings() -> Settings:

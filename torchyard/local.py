@@ -21,16 +21,29 @@ STOP_TIMEOUT_S = 15.0
 
 
 def _install_admin_token(settings: Settings) -> str:
+    """TORCHYARD_ADMIN_TOKEN if set, else the token this state directory already printed (still
+    valid), else a new one: restarting `up` does not pile up admin tokens."""
     from sqlalchemy.orm import Session
 
     from backend.db import make_engine
-    from backend.security import create_token
+    from backend.security import create_token, find_token
 
+    saved = _saved_token(settings)
     engine = make_engine(settings.sqlalchemy_url)
     with Session(engine) as session, session.begin():
-        _token, value = create_token(session, "admin", "admin", settings.admin_token or None)
+        if not settings.admin_token and saved and find_token(session, saved):
+            value = saved
+        else:
+            value = create_token(session, "admin", "admin", settings.admin_token or None)[1]
     engine.dispose()
     return value
+
+
+def _saved_token(settings: Settings) -> str | None:
+    try:
+        return str(json.loads(credentials_file(settings).read_text())["token"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def credentials_file(settings: Settings) -> Path:
