@@ -198,6 +198,14 @@ _writer: _Writer | _Disabled | None = None
 _writer_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    global _writer_lock
+    _writer_lock = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _from_env() -> _Writer | _Disabled:
     url, run_id = os.environ.get("TORCHYARD_REDIS_URL", ""), os.environ.get("TORCHYARD_RUN_ID", "")
     if not url or not run_id:
