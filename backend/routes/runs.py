@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -169,11 +170,29 @@ async def _sse(request: Request, run_id: int, start: str, finished: bool) -> Asy
             for entry_id, fields in batch[0][1]:
                 last = entry_id.decode()
                 entry_type, data = streams.decode(fields)
-                yield f"id: {last}\nevent: {entry_type}\ndata: {json.dumps(data)}\n\n".encode()
+                yield f"id: {last}\nevent: {entry_type}\ndata: {_browser_json(data)}\n\n".encode()
                 if entry_type == streams.STATE and data.get("status") in lifecycle.TERMINAL:
                     finished = True
     finally:
         await client.aclose()
+
+
+def _browser_json(data: Any) -> str:
+    """JSON a browser can parse: NaN and infinities (a diverged loss) become null."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, float):
+            return value if math.isfinite(value) else None
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+
+    try:
+        return json.dumps(data, allow_nan=False)
+    except ValueError:
+        return json.dumps(clean(data))
 
 
 def _is_terminal(run_id: int) -> bool:
