@@ -127,7 +127,8 @@ class Ingest:
         self._last_retire = 0.0
 
     def _active(self) -> list[str]:
-        keys = sorted(k.decode() for k in self.client.smembers(streams.ACTIVE_STREAMS))
+        members: Any = self.client.smembers(streams.ACTIVE_STREAMS)
+        keys = sorted(k.decode() for k in members)
         for key in keys:
             if key not in self._grouped:
                 try:
@@ -177,7 +178,7 @@ class Ingest:
 
     def _read(self, keys: list[str], start: str, block_ms: int | None) -> list[Entry]:
         try:
-            result = self.client.xreadgroup(
+            result: Any = self.client.xreadgroup(
                 streams.INGEST_GROUP, self.consumer, {k: start for k in keys}, count=self.batch, block=block_ms
             )
         except redis.ResponseError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import Any
 
 import redis
 from sqlalchemy import select
@@ -19,7 +20,8 @@ from torchyard import streams
 def sync_from_heartbeats(session: Session, client: redis.Redis) -> list[Node]:
     """Upserts every node that heartbeated; marks the silent ones lost. Returns the nodes that
     were just lost (their runs need attention)."""
-    node_ids = sorted(m.decode() for m in client.smembers(streams.NODES))
+    members: Any = client.smembers(streams.NODES)
+    node_ids = sorted(m.decode() for m in members)
     beats = client.mget([streams.node_key(n) for n in node_ids]) if node_ids else []
     newly_lost = []
     for node_id, beat in zip(node_ids, beats, strict=True):

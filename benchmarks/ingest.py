@@ -111,11 +111,14 @@ def bench(db_url: str, label: str, args: argparse.Namespace) -> None:
     server.stop()
     engine.dispose()
     lags.sort()
-    p = (lambda q: lags[min(len(lags) - 1, int(q * len(lags)))] * 1000) if lags else (lambda q: float("nan"))
+
+    def pct(q: float) -> float:
+        return lags[min(len(lags) - 1, int(q * len(lags)))] * 1000 if lags else float("nan")
+
     rate = "max" if not args.rate else f"{args.rate:.0f}/s"
     print(
         f"{label:<11} ranks={args.ranks} rate={rate:<7} logged={logged:>10,} stored={count:>10,} "
-        f"points/s={count / (drained - started):>10,.0f}  lag p50={p(0.5):>7.1f} ms p99={p(0.99):>8.1f} ms  "
+        f"points/s={count / (drained - started):>10,.0f}  lag p50={pct(0.5):>7.1f} ms p99={pct(0.99):>8.1f} ms  "
         f"dropped={dropped} lost={logged - dropped - count}"
     )
 

@@ -11,8 +11,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_compose_file_is_valid_and_runs_every_process() -> None:
-    check = subprocess.run(["docker-compose", "-f", "docker-compose.yml", "config", "-q"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=60)
+    check = subprocess.run(
+        ["docker-compose", "-f", "docker-compose.yml", "config", "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert check.returncode == 0, check.stderr
     services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     assert {"postgres", "redis", "migrate", "api", "ingest", "worker"} <= set(services)

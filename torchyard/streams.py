@@ -51,7 +51,7 @@ def attempt_claim_key(run_id: int, attempt: int) -> str:
     return f"ty:claim:{run_id}:{attempt}"
 
 
-def encode(entry_type: str, data: dict[str, Any]) -> dict[str, str]:
+def encode(entry_type: str, data: dict[str, Any]) -> dict[Any, Any]:
     return {"type": entry_type, "data": json.dumps(data, separators=(",", ":"))}
 
 

@@ -154,12 +154,12 @@ async def _sse(request: Request, run_id: int, start: str, finished: bool) -> Asy
     key = streams.run_stream(run_id)
     last = start
     if last == "$":
-        newest = await client.xrevrange(key, count=1)
+        newest: Any = await client.xrevrange(key, count=1)
         last = newest[0][0].decode() if newest else "0-0"
     try:
         yield b"retry: 1000\n\n"
         while not await request.is_disconnected():
-            batch = await client.xread({key: last}, count=500, block=None if finished else 5000)
+            batch: Any = await client.xread({key: last}, count=500, block=None if finished else 5000)
             if not batch:
                 if finished:
                     return  # everything the stream holds has been sent
