@@ -21,7 +21,10 @@ def sync_from_heartbeats(session: Session, client: redis.Redis) -> list[Node]:
     """Upserts every node that heartbeated; marks the silent ones lost. Returns the nodes that
     were just lost (their runs need attention)."""
     members: Any = client.smembers(streams.NODES)
-    node_ids = sorted(m.decode() for m in members)
+    # Nodes the database knows but this Redis has never heard of (e.g. Redis was replaced) are
+    # checked too: with no heartbeat key they are lost, not alive forever.
+    known_alive = session.scalars(select(Node.id).where(Node.status == "alive")).all()
+    node_ids = sorted({m.decode() for m in members} | set(known_alive))
     beats = client.mget([streams.node_key(n) for n in node_ids]) if node_ids else []
     newly_lost = []
     for node_id, beat in zip(node_ids, beats, strict=True):

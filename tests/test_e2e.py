@@ -3,9 +3,8 @@ read back metrics, logs, events and the live stream — on SQLite and on Postgre
 
 from __future__ import annotations
 
-import json
 import time
-from typing import Any
+from collections.abc import Callable
 
 import httpx
 import psutil
@@ -15,35 +14,33 @@ from sqlalchemy.orm import Session
 
 from backend.models import Metric
 from tests.conftest import TERMINAL, RunningStack
+from torchyard import sse
 from torchyard.procs import wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
 
 def read_sse(
-    stack: RunningStack, run_id: int, last_event_id: str | None = None, limit: int | None = None, on_event: Any = None
-) -> list[tuple[str, str, dict[str, Any]]]:
-    """(id, event, data) of every event until the server ends the stream or ``limit`` is reached."""
+    stack: RunningStack,
+    run_id: int,
+    last_event_id: str | None = None,
+    limit: int | None = None,
+    on_event: Callable[[sse.Event], None] | None = None,
+) -> list[sse.Event]:
+    """Every event until the server ends the stream or ``limit`` is reached."""
     headers = {"Authorization": f"Bearer {stack.token}"}
     if last_event_id:
         headers["Last-Event-ID"] = last_event_id
-    events: list[tuple[str, str, dict[str, Any]]] = []
-    with httpx.stream(
-        "GET", f"{stack.url}/api/v1/runs/{run_id}/stream", headers=headers, timeout=httpx.Timeout(30, read=60)
-    ) as response:
+    events: list[sse.Event] = []
+    url = f"{stack.url}/api/v1/runs/{run_id}/stream"
+    with httpx.stream("GET", url, headers=headers, timeout=httpx.Timeout(30, read=60)) as response:
         assert response.status_code == 200, response.read()
-        event_id = event = ""
-        for line in response.iter_lines():
-            if line.startswith("id: "):
-                event_id = line[4:]
-            elif line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: "):
-                events.append((event_id, event, json.loads(line[6:])))
-                if on_event:
-                    on_event(events[-1])
-                if limit and len(events) >= limit:
-                    break
+        for event in sse.parse(response.iter_lines()):
+            events.append(event)
+            if on_event:
+                on_event(event)
+            if limit and len(events) >= limit:
+                break
     return events
 
 
@@ -86,8 +83,9 @@ def test_ddp_run_succeeds_with_every_step_of_every_rank_stored_once(stack: Runni
     only_rank1 = stack.client.http.get(f"/api/v1/runs/{run['id']}/logs", params={"rank": 1}).json()
     assert only_rank1 and {line["rank"] for line in only_rank1} == {1}
 
-    nodes = stack.client.http.get("/api/v1/nodes").json()
-    assert nodes[0]["slots"] == 4 and nodes[0]["free_slots"] == 4 and nodes[0]["status"] == "alive"
+    nodes = {n["id"]: n for n in stack.client.http.get("/api/v1/nodes").json()}
+    ours = nodes[stack.settings.node_id]
+    assert ours["slots"] == 4 and ours["free_slots"] == 4 and ours["status"] == "alive" and ours["running_runs"] == []
 
     listed = stack.client.http.get("/api/v1/runs", params={"status": "succeeded", "name": "mlp-ddp"}).json()
     assert run["id"] in [r["id"] for r in listed["items"]]
@@ -97,20 +95,20 @@ def test_stream_delivers_metrics_live_and_resumes_by_last_event_id(stack: Runnin
     run = stack.client.submit(name="live", steps=1500, params={"hidden": 32})
     status_at_first_metrics: list[str] = []
 
-    def note(event: tuple[str, str, dict[str, Any]]) -> None:
-        if event[1] == "metrics" and not status_at_first_metrics:
+    def note(event: sse.Event) -> None:
+        if event.event == "metrics" and not status_at_first_metrics:
             status_at_first_metrics.append(stack.client.run(run["id"])["status"])
 
     first = read_sse(stack, run["id"], limit=25, on_event=note)
     assert status_at_first_metrics and status_at_first_metrics[0] not in TERMINAL, "metrics must arrive while it runs"
-    rest = read_sse(stack, run["id"], last_event_id=first[-1][0])
+    rest = read_sse(stack, run["id"], last_event_id=first[-1].id)
     whole = read_sse(stack, run["id"])  # the run is over: a fresh read replays everything and ends
 
-    resumed_ids = [e[0] for e in first + rest]
-    assert resumed_ids == [e[0] for e in whole], "resuming by Last-Event-ID misses nothing and repeats nothing"
+    resumed_ids = [e.id for e in first + rest]
+    assert resumed_ids == [e.id for e in whole], "resuming by Last-Event-ID misses nothing and repeats nothing"
     assert len(set(resumed_ids)) == len(resumed_ids)
-    assert whole[-1][1] == "state" and whole[-1][2]["status"] == "succeeded"
-    points = {(d["rank"], p[0]) for _, kind, d in whole if kind == "metrics" for p in d["points"]}
+    assert whole[-1].event == "state" and whole[-1].data["status"] == "succeeded"
+    points = {(e.data["rank"], p[0]) for e in whole if e.event == "metrics" for p in e.data["points"]}
     assert points == {(r, s) for r in (0, 1) for s in range(1, 1501)}
 
 

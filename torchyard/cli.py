@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import click
 import httpx
 
+from torchyard import sse
 from torchyard.settings import Settings, get_settings
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -288,9 +290,9 @@ def _format_line(rank: int, text: str) -> str:
 
 
 def _follow(client: Api, run_id: int, rank: int | None = None) -> int:
-    """Streams the run's log lines and state changes until it ends; exit code 0 if it succeeded."""
-    run = client.call("GET", f"/api/v1/runs/{run_id}")
-    last_id, status = "0-0", run["status"]
+    """Streams the run's log lines and state changes until it ends, resuming by Last-Event-ID if
+    the connection drops; exit code 0 if the run succeeded."""
+    last_id, retries = "0-0", 0
     while True:
         try:
             with client.client.stream(
@@ -302,28 +304,23 @@ def _follow(client: Api, run_id: int, rank: int | None = None) -> int:
                 if response.status_code >= 400:
                     response.read()
                     raise click.ClickException(f"{response.status_code}: {_describe_error(response)}")
-                event = ""
-                for line in response.iter_lines():
-                    if line.startswith("id: "):
-                        last_id = line[4:]
-                    elif line.startswith("event: "):
-                        event = line[7:]
-                    elif line.startswith("data: "):
-                        data = json.loads(line[6:])
-                        if event == "logs":
-                            for line_rank, _ts, text in data["lines"]:
-                                if rank is None or rank == line_rank:
-                                    click.echo(_format_line(line_rank, text))
-                        elif event == "state":
-                            status = data["status"]
-                            click.echo(
-                                f"--- {status}" + (f": {data['reason']}" if data.get("reason") else ""), err=True
-                            )
-            if status in TERMINAL or client.call("GET", f"/api/v1/runs/{run_id}")["status"] in TERMINAL:
-                final = client.call("GET", f"/api/v1/runs/{run_id}")["status"]
-                return 0 if final == "succeeded" else 1
-        except httpx.HTTPError:
-            continue  # the api restarted: resume from the last event id
+                for event in sse.parse(response.iter_lines()):
+                    last_id, retries = event.id, 0
+                    if event.event == "logs":
+                        for line_rank, _ts, text in event.data["lines"]:
+                            if rank is None or rank == line_rank:
+                                click.echo(_format_line(line_rank, text))
+                    elif event.event == "state":
+                        reason = event.data.get("reason")
+                        click.echo(f"--- {event.data['status']}" + (f": {reason}" if reason else ""), err=True)
+            status = client.call("GET", f"/api/v1/runs/{run_id}")["status"]
+            if status in TERMINAL:  # the server ends the stream after the final state
+                return 0 if status == "succeeded" else 1
+        except httpx.HTTPError as exc:
+            retries += 1
+            if retries > 30:
+                raise click.ClickException(f"lost the stream of run {run_id}: {exc}") from exc
+            time.sleep(min(5.0, 0.2 * retries))  # the api may be restarting: resume where we were
 
 
 @main.command()

@@ -98,4 +98,9 @@ class RunSpec(_Strict):
                 f"training.batch_size ({self.training.batch_size}) must be divisible by "
                 f"nodes × procs_per_node ({self.world_size})"
             )
+        if isinstance(self.workload, MlpWorkload) and self.workload.params.samples < self.training.batch_size:
+            raise ValueError(
+                f"workload.params.samples ({self.workload.params.samples}) must be at least "
+                f"training.batch_size ({self.training.batch_size})"
+            )
         return self

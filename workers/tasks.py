@@ -29,30 +29,15 @@ def run_attempt(run_id: int, attempt: int, spec: dict) -> str:
         log.info("run %s attempt %s is already claimed: duplicate delivery ignored", run_id, attempt)
         return "duplicate"
     if client.exists(streams.cancel_key(run_id)):
-        launcher.report(
-            client,
-            run_id,
-            attempt,
-            settings.node_id,
-            "exited",
-            status="cancelled",
-            returncode=None,
-            reason="cancelled before it started",
-        )
-        return "cancelled"
-    try:
-        outcome = launcher.run_attempt(client, settings, run_id, attempt, spec)
-    except Exception:
-        log.exception("launching run %s attempt %s failed", run_id, attempt)
-        outcome = launcher.Outcome("failed", None, "the worker could not launch the run:\n" + traceback.format_exc())
-    launcher.report(
-        client,
-        run_id,
-        attempt,
-        settings.node_id,
-        "exited",
-        status=outcome.status,
-        returncode=outcome.returncode,
-        reason=outcome.reason,
-    )
+        outcome = launcher.Outcome("cancelled", None, "cancelled before it started")
+    else:
+        try:
+            outcome = launcher.run_attempt(client, settings, run_id, attempt, spec)
+        except Exception:
+            log.exception("launching run %s attempt %s failed", run_id, attempt)
+            outcome = launcher.Outcome(
+                "failed", None, "the worker could not launch the run:\n" + traceback.format_exc()
+            )
+    launcher.report(client, run_id, attempt, settings.node_id, "exited", status=outcome.status,
+                    returncode=outcome.returncode, reason=outcome.reason)  # fmt: skip
     return outcome.status
