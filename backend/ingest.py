@@ -119,8 +119,11 @@ def _finite_or_none(value: Any) -> float | None:
 
 
 class Ingest:
-    def __init__(self, client: redis.Redis, consumer: str | None = None, batch: int | None = None) -> None:
+    def __init__(
+        self, client: redis.Redis, consumer: str | None = None, batch: int | None = None, claim_idle_ms: int = CLAIM_IDLE_MS
+    ) -> None:
         self.client = client
+        self.claim_idle_ms = claim_idle_ms
         self.consumer = consumer or f"{socket.gethostname()}-{id(self):x}"
         self.batch = batch or get_settings().ingest_batch
         self._grouped: set[str] = set()
@@ -192,7 +195,7 @@ class Ingest:
         claimed: list[Entry] = []
         for key in keys:
             _next, items, *_ = self.client.xautoclaim(
-                key, streams.INGEST_GROUP, self.consumer, CLAIM_IDLE_MS, "0-0", count=self.batch
+                key, streams.INGEST_GROUP, self.consumer, self.claim_idle_ms, "0-0", count=self.batch
             )
             claimed.extend((key, i.decode(), f) for i, f in items if f)
         return claimed
