@@ -60,7 +60,7 @@ def series(
     rows = session.execute(
         select(Metric.rank, Metric.step, Metric.attempt, Metric.value, Metric.ts)
         .where(*where)
-        .order_by(Metric.rank, Metric.step, Metric.attempt)
+        .order_by(Metric.step, Metric.rank, Metric.attempt)
     ).all()
     latest: dict[tuple[int, int], tuple[float, float]] = {}
     for rank, step, _attempt, value, ts in rows:  # ordered by attempt: later overwrites earlier

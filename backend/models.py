@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -99,10 +99,9 @@ class Metric(Base):
     """One scalar of one rank at one step. The unique key makes ingest idempotent."""
 
     __tablename__ = "metrics"
-    __table_args__ = (
-        UniqueConstraint("run_id", "key", "rank", "step", "attempt", name="uq_metric_point"),
-        Index("ix_metrics_run_key_step", "run_id", "key", "step"),
-    )
+    # One index serves both jobs: uniqueness (ingest idempotence) and reading a key's steps in
+    # order, or a window of them, for every rank at once.
+    __table_args__ = (UniqueConstraint("run_id", "key", "step", "rank", "attempt", name="uq_metric_point"),)
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     attempt: Mapped[int]

@@ -24,11 +24,13 @@ from torchyard.settings import get_settings
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[redis.Redis, int]]:
-    """A migrated SQLite database as the process-wide one, a private Redis, and a running run."""
+@pytest.fixture(params=["sqlite", "postgresql"])
+def env(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[redis.Redis, int]]:
+    """A migrated database as the process-wide one, a private Redis, and a scheduled run."""
     server = RedisServer(tmp_path / "redis").start()
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
     monkeypatch.setenv("TORCHYARD_DATABASE_URL", url)
     monkeypatch.setenv("TORCHYARD_REDIS_URL", server.url)
     for cached in (get_settings, get_engine, get_sessionmaker):
@@ -55,9 +57,9 @@ def metrics_entry(rank: int, steps: range) -> dict[Any, Any]:
     return streams.encode(streams.METRICS, {"attempt": 1, "rank": rank, "points": points, "dropped": 0})
 
 
-def count(model: type) -> int:
+def count(model: type[Metric] | type[LogLine], run_id: int) -> int:
     with transaction() as session:
-        return session.scalar(select(func.count()).select_from(model)) or 0
+        return session.scalar(select(func.count()).select_from(model).where(model.run_id == run_id)) or 0
 
 
 def drain(ingest: Ingest) -> None:
@@ -72,12 +74,12 @@ def test_a_redelivered_batch_changes_nothing(env: tuple[redis.Redis, int]) -> No
     client.xadd(stream, metrics_entry(0, range(1, 11)))  # the SDK retried after a lost reply
     client.xadd(stream, streams.encode(streams.LOGS, {"attempt": 1, "lines": [[0, 1.0, "a"], [1, 1.0, "b"]]}))
     drain(Ingest(client))
-    assert count(Metric) == 20 and count(LogLine) == 2
+    assert count(Metric, run_id) == 20 and count(LogLine, run_id) == 2
 
     everything = [(stream, i.decode(), f) for i, f in client.xrange(stream)]
     with transaction() as session:
         apply_entries(session, everything)  # the whole stream delivered again
-    assert count(Metric) == 20 and count(LogLine) == 2
+    assert count(Metric, run_id) == 20 and count(LogLine, run_id) == 2
     with transaction() as session:
         assert session.get(Run, run_id).last_step == 10  # type: ignore[union-attr]
 
@@ -90,11 +92,11 @@ def test_entries_a_dead_consumer_never_acked_are_taken_over(env: tuple[redis.Red
     dead = Ingest(client, consumer="dead")
     dead._active()
     assert len(dead._read([stream], ">", None)) == 2  # read, then "crashed" before writing or acking
-    assert count(Metric) == 0
+    assert count(Metric, run_id) == 0
 
     survivor = Ingest(client, consumer="survivor", claim_idle_ms=0)
     drain(survivor)
-    assert count(Metric) == 20
+    assert count(Metric, run_id) == 20
     pending: Any = client.xpending(stream, streams.INGEST_GROUP)
     assert pending["pending"] == 0
 
@@ -106,7 +108,7 @@ def test_a_malformed_entry_is_skipped_without_blocking_the_rest(env: tuple[redis
     client.xadd(stream, {"type": "metrics", "data": "{not json"})
     client.xadd(stream, metrics_entry(1, range(1, 4)))
     drain(Ingest(client))
-    assert count(Metric) == 12
+    assert count(Metric, run_id) == 12
     pending: Any = client.xpending(stream, streams.INGEST_GROUP)
     assert pending["pending"] == 0
 

@@ -104,10 +104,8 @@ def upgrade() -> None:
         sa.Column("ts", sa.Float(), nullable=False),
         sa.ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
-        sa.UniqueConstraint("run_id", "key", "rank", "step", "attempt", name="uq_metric_point"),
+        sa.UniqueConstraint("run_id", "key", "step", "rank", "attempt", name="uq_metric_point"),
     )
-    with op.batch_alter_table("metrics", schema=None) as batch_op:
-        batch_op.create_index("ix_metrics_run_key_step", ["run_id", "key", "step"], unique=False)
 
     op.create_table(
         "run_events",
@@ -155,9 +153,6 @@ def downgrade() -> None:
         batch_op.drop_index(batch_op.f("ix_run_events_run_id"))
 
     op.drop_table("run_events")
-    with op.batch_alter_table("metrics", schema=None) as batch_op:
-        batch_op.drop_index("ix_metrics_run_key_step")
-
     op.drop_table("metrics")
     with op.batch_alter_table("log_lines", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_log_lines_run_id"))
