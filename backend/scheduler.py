@@ -8,6 +8,7 @@ import logging
 import threading
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 
 import redis
 from sqlalchemy import select
@@ -21,6 +22,7 @@ from torchyard.settings import Settings, get_settings
 from torchyard.spec import RunSpec
 
 log = logging.getLogger(__name__)
+REDISPATCH_AFTER_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,24 @@ def fail_runs_on_lost_nodes(session: Session, lost: list[Node], timeout_s: float
             lifecycle.transition(session, run, to, f"node {alloc.node_id} lost: no heartbeat for {timeout_s:.0f}s")
 
 
+def unclaimed_placements(session: Session, client: redis.Redis, older_than_s: float) -> list[Placement]:
+    """Placements no worker has claimed for a while: the message was lost (e.g. the api died
+    between commit and send, or Redis restarted without it). Sending again is safe: a worker
+    that finds the attempt already claimed does nothing."""
+    cutoff = utcnow() - timedelta(seconds=older_than_s)
+    rows = session.execute(
+        select(Attempt, Allocation.node_id)
+        .join(Allocation, Allocation.attempt_id == Attempt.id)
+        .join(Run, Attempt.run_id == Run.id)
+        .where(Attempt.status == lifecycle.SCHEDULED, Attempt.created_at < cutoff, Run.status == lifecycle.SCHEDULED)
+    ).all()
+    return [
+        Placement(attempt.run_id, attempt.number, node_id, attempt.run.spec)
+        for attempt, node_id in rows
+        if not client.exists(streams.attempt_claim_key(attempt.run_id, attempt.number))
+    ]
+
+
 def dispatch(client: redis.Redis, placements: list[Placement]) -> None:
     from workers.celery_app import RUN_ATTEMPT_TASK, app, node_queue
 
@@ -103,7 +123,10 @@ def schedule_once(client: redis.Redis, settings: Settings) -> list[Placement]:
         if lost:
             fail_runs_on_lost_nodes(session, lost, settings.node_timeout_s)
         placements = place_queued_runs(session)
-    dispatch(client, placements)
+        lost_messages = unclaimed_placements(session, client, REDISPATCH_AFTER_S)
+    for p in lost_messages:
+        log.warning("run %s attempt %s was never claimed by %s: sending it again", p.run_id, p.attempt, p.node_id)
+    dispatch(client, placements + lost_messages)
     return placements
 
 

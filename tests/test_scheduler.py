@@ -8,12 +8,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend import lifecycle, runs
 from backend.db import make_engine
 from backend.migrate import upgrade
-from backend.models import Node, Run, utcnow
+from backend.models import Attempt, Node, Run, utcnow
 from backend.scheduler import place_queued_runs
 from tests.conftest import run_spec
 from torchyard.spec import RunSpec
@@ -104,3 +105,27 @@ def test_a_node_the_database_knows_but_redis_never_heard_of_is_lost(session: Ses
         server.stop()
     assert [n.id for n in lost] == ["ghost"]
     assert session.get(Node, "ghost").status == "lost"  # type: ignore[union-attr]
+
+
+def test_a_placement_no_worker_claimed_is_sent_again_but_a_claimed_one_is_not(session: Session, tmp_path: Path) -> None:
+    import redis
+
+    from backend.scheduler import unclaimed_placements
+    from torchyard import streams
+    from torchyard.procs import RedisServer
+
+    session.add(Node(id="n1", host="h", slots=4))
+    lost, claimed = submit(session, "lost", procs=1), submit(session, "claimed", procs=1)
+    session.flush()
+    assert len(place_queued_runs(session)) == 2
+    for attempt in session.scalars(select(Attempt)):
+        attempt.created_at = utcnow() - timedelta(seconds=60)
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        client.set(streams.attempt_claim_key(claimed.id, 1), "n1")
+        assert unclaimed_placements(session, client, older_than_s=120) == []  # not stale yet
+        again = unclaimed_placements(session, client, older_than_s=30)
+    finally:
+        server.stop()
+    assert [(p.run_id, p.attempt, p.node_id) for p in again] == [(lost.id, 1, "n1")]
