@@ -27,6 +27,7 @@ from torchyard.settings import get_settings
 log = logging.getLogger(__name__)
 CLAIM_IDLE_MS = 30_000  # entries a dead ingest consumer held this long are taken over
 RETIRE_EVERY_S = 5.0
+CLAIM_EVERY_S = 5.0
 STREAM_TTL_S = 3600  # a finished run's stream stays this long for live viewers, then goes
 
 Entry = tuple[str, str, dict[str, Any]]  # (stream, entry id, fields)
@@ -142,6 +143,7 @@ class Ingest:
         self.batch = batch or get_settings().ingest_batch
         self._grouped: set[str] = set()
         self._last_retire = 0.0
+        self._last_claim = 0.0
 
     def _active(self) -> list[str]:
         members: Any = self.client.smembers(streams.ACTIVE_STREAMS)
@@ -163,7 +165,7 @@ class Ingest:
         if not keys:
             time.sleep(block_ms / 1000)
             return 0
-        entries = self._read(keys, "0", None) or self._claim(keys) or self._read(keys, ">", block_ms)
+        entries = self._read(keys, "0", None) or self._claim_due(keys) or self._read(keys, ">", block_ms)
         if entries:
             try:
                 with transaction() as session:
@@ -204,6 +206,13 @@ class Ingest:
                 return []
             raise
         return [(s.decode(), i.decode(), f) for s, items in result or [] for i, f in items if f]
+
+    def _claim_due(self, keys: list[str]) -> list[Entry]:
+        """Takes over a dead consumer's entries; checked every few seconds, not every batch."""
+        if time.monotonic() - self._last_claim < CLAIM_EVERY_S:
+            return []
+        self._last_claim = time.monotonic()
+        return self._claim(keys)
 
     def _claim(self, keys: list[str]) -> list[Entry]:
         claimed: list[Entry] = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from backend import lifecycle
 from backend.models import Attempt, LogLine, Node, Run, RunEvent, Token
@@ -68,7 +68,9 @@ def list_runs(
     if name:
         query = query.where(Run.name.contains(name, autoescape=True))
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.scalars(query.order_by(Run.id.desc()).limit(limit).offset(offset)).all()
+    page = query.order_by(Run.id.desc()).limit(limit).offset(offset)
+    # The page's attempts and allocations in two more queries, not two per run.
+    rows = session.scalars(page.options(selectinload(Run.attempts).selectinload(Attempt.allocations))).all()
     return rows, total
 
 

@@ -57,6 +57,11 @@ class Outcome:
     reason: str
 
 
+def stopping_marker(settings: Settings) -> Path:
+    """Present while this node's worker is shutting down: a run it ends then says so."""
+    return attempts_dir(settings).parent / "stopping"
+
+
 def attempts_dir(settings: Settings) -> Path:
     """Where a worker records the process groups it started, so a restarted worker finds them."""
     path = settings.state_dir / "workers" / settings.node_id / "attempts"
@@ -202,6 +207,8 @@ def run_attempt(client: redis.Redis, settings: Settings, run_id: int, attempt: i
     finally:
         pump.join(timeout=10)
         record.unlink(missing_ok=True)
+    if not cancelled and stopping_marker(settings).exists():
+        return Outcome("failed", proc.returncode, f"worker {settings.node_id} shut down while the run was training")
     return _outcome(proc.returncode, cancelled, list(pump.tail))
 
 

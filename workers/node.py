@@ -49,6 +49,7 @@ def _heartbeat_loop(settings: Settings) -> None:
 @signals.worker_ready.connect
 def _on_ready(**_: Any) -> None:
     settings = get_settings()
+    launcher.stopping_marker(settings).unlink(missing_ok=True)
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=10)
     ended = launcher.end_orphans(client, settings)
     if ended:
@@ -62,6 +63,7 @@ def _on_shutdown(**_: Any) -> None:
     # their tasks then report the exit and return.
     _stop.set()
     settings = get_settings()
+    launcher.stopping_marker(settings).touch()
     for record in launcher.attempts_dir(settings).glob("*.json"):
         info = json.loads(record.read_text())
         if launcher.is_run_process(info["pgid"], info["run_id"]):
