@@ -14,7 +14,7 @@ from fastapi.staticfiles import StaticFiles
 
 from backend import lifecycle
 from backend.deps import get_redis
-from backend.routes import health, nodes, runs
+from backend.routes import health, nodes, runs, session
 from backend.runs import InvalidRequest, NotFound
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ def create_app() -> FastAPI:
         description="Run and watch distributed PyTorch training.",
         lifespan=_lifespan,
     )
-    for module in (health, runs, nodes):
+    for module in (health, runs, nodes, session):
         app.include_router(module.router)
 
     @app.exception_handler(NotFound)

@@ -25,6 +25,9 @@ class RunOut(BaseModel):
     last_step: int
     attempt_count: int
     node_ids: list[str]
+    # Filled in the runs list only (one query for the page): at the run's last step.
+    samples_per_s: float | None = None  # all ranks together
+    comm_fraction: float | None = None  # mean over ranks; None until the run reports it
 
 
 class RunPage(BaseModel):
@@ -59,6 +62,29 @@ class NodeOut(BaseModel):
     status: str
     last_heartbeat: datetime
     running_runs: list[int]
+
+
+class RankSeries(BaseModel):
+    step: list[int]
+    value: list[float | None]
+    ts: list[float]
+
+
+class AggregateSeries(BaseModel):
+    step: list[int]
+    mean: list[float | None]
+    min: list[float | None]
+    max: list[float | None]
+
+
+class MetricSeries(BaseModel):
+    """Documents GET /runs/{id}/metrics (the route returns the dict as is: no validation of
+    up to millions of floats on the way out)."""
+
+    run_id: int
+    key: str
+    ranks: dict[str, RankSeries]
+    aggregate: AggregateSeries
 
 
 class Problem(BaseModel):

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, status
 from fastapi.responses import StreamingResponse
+from sqlalchemy import func, select, tuple_
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from backend import lifecycle, metrics, runs
 from backend.db import get_sessionmaker
 from backend.deps import Member, RedisDep, RunDep, SessionDep, Viewer, get_async_redis
-from backend.models import Run
-from backend.schemas import EventOut, LogLineOut, RunOut, RunPage
+from backend.models import Metric, Run
+from backend.schemas import EventOut, LogLineOut, MetricSeries, RunOut, RunPage
 from torchyard import streams
 from torchyard.spec import RunSpec
 
@@ -65,7 +67,36 @@ def list_runs(
                 f"status ({','.join(sorted(unknown))}) is not a run state: {', '.join(lifecycle.TRANSITIONS)}",
             )
     items, total = runs.list_runs(session, status_filter, name, limit, offset)
-    return RunPage(items=[run_out(r) for r in items], total=total, limit=limit, offset=offset)
+    out = [run_out(r) for r in items]
+    figures = _last_step_figures(session, items)
+    for row in out:
+        row.samples_per_s, row.comm_fraction = figures.get(row.id, (None, None))
+    return RunPage(items=out, total=total, limit=limit, offset=offset)
+
+
+def _last_step_figures(session: Session, items: Sequence[Run]) -> dict[int, tuple[float | None, float | None]]:
+    """Throughput (sum over ranks) and comm fraction (mean over ranks) at each run's last step:
+    one indexed query for the whole page, on (run_id, key, step)."""
+    pairs = [(r.id, r.last_step) for r in items if r.last_step > 0]
+    if not pairs:
+        return {}
+    rows = session.execute(
+        select(Metric.run_id, Metric.key, func.sum(Metric.value), func.avg(Metric.value))
+        .where(
+            Metric.key.in_(("samples_per_s", "comm_fraction")),
+            tuple_(Metric.run_id, Metric.step).in_(pairs),
+        )
+        .group_by(Metric.run_id, Metric.key)
+    ).all()
+    figures: dict[int, tuple[float | None, float | None]] = {}
+    for run_id, key, total, mean in rows:
+        throughput, fraction = figures.get(run_id, (None, None))
+        if key == "samples_per_s":
+            throughput = total
+        else:
+            fraction = mean
+        figures[run_id] = (throughput, fraction)
+    return figures
 
 
 @router.get("/{run_id}", response_model=RunOut)
@@ -97,7 +128,7 @@ def metric_keys(run: RunDep, session: SessionDep) -> list[str]:
     return metrics.keys(session, run.id)
 
 
-@router.get("/{run_id}/metrics")
+@router.get("/{run_id}/metrics", responses={200: {"model": MetricSeries}})
 def get_metrics(
     run: RunDep,
     session: SessionDep,

@@ -1,0 +1,111 @@
+// A uPlot chart, created once per (series set, x mode) and fed with setData (STYLE 11).
+import { useEffect, useRef } from "preact/hooks";
+import uPlot from "uplot";
+import "uplot/dist/uPlot.min.css";
+import { fmtAxis, fmtNumber } from "../lib/format";
+
+export const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
+
+export interface SeriesDef {
+  label: string;
+  color?: string;
+  dash?: number[];
+  width?: number;
+  fill?: string;
+}
+
+export interface ChartHandle {
+  plot: uPlot | null;
+  setData(data: uPlot.AlignedData): void;
+}
+
+interface Props {
+  title: string;
+  series: SeriesDef[];
+  time?: boolean; // x is wall time (seconds) rather than step
+  syncKey?: string;
+  height?: number;
+  unit?: string;
+  onZoom?: (xMin: number, xMax: number) => void;
+  handle: (h: ChartHandle | null) => void;
+  testId?: string;
+}
+
+export function Chart({ title, series, time = false, syncKey, height = 220, unit, onZoom, handle, testId }: Props) {
+  const box = useRef<HTMLDivElement>(null);
+  const zoomRef = useRef(onZoom);
+  zoomRef.current = onZoom;
+  const seriesKey = series.map((s) => s.label).join("|");
+
+  useEffect(() => {
+    const el = box.current;
+    if (!el) return;
+    const width = Math.max(200, el.clientWidth);
+    const opts: uPlot.Options = {
+      width,
+      height,
+      legend: { live: true },
+      cursor: {
+        sync: syncKey ? { key: syncKey, setSeries: false } : undefined,
+        drag: { x: true, y: false, setScale: false },
+      },
+      scales: { x: { time } },
+      axes: [
+        { stroke: "#64748b", grid: { stroke: "#eef2f7" }, ticks: { stroke: "#e2e8f0" } },
+        {
+          stroke: "#64748b",
+          grid: { stroke: "#eef2f7" },
+          ticks: { stroke: "#e2e8f0" },
+          size: 60,
+          values: (_u, vals) => vals.map((v) => fmtAxis(v)),
+        },
+      ],
+      series: [
+        { label: time ? "time" : "step", value: time ? undefined : (_u, v) => (v === null ? "—" : String(v)) },
+        ...series.map((s, i) => ({
+          label: s.label,
+          stroke: s.color ?? PALETTE[i % PALETTE.length],
+          width: s.width ?? 1.5,
+          dash: s.dash,
+          fill: s.fill,
+          spanGaps: true,
+          points: { show: false },
+          value: (_u: uPlot, v: number | null) => (v === null ? "—" : fmtNumber(v, 4) + (unit ?? "")),
+        })),
+      ],
+      hooks: {
+        setSelect: [
+          (u) => {
+            if (u.select.width < 5) return;
+            const a = u.posToVal(u.select.left, "x");
+            const b = u.posToVal(u.select.left + u.select.width, "x");
+            u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
+            zoomRef.current?.(a, b);
+          },
+        ],
+      },
+    };
+    const empty: uPlot.AlignedData = [[], ...series.map(() => [])];
+    const plot = new uPlot(opts, empty, el);
+    const h: ChartHandle = { plot, setData: (d) => plot.setData(d) };
+    handle(h);
+    const resize = new ResizeObserver(() => {
+      const w = Math.max(200, el.clientWidth);
+      if (Math.abs(w - plot.width) > 2) plot.setSize({ width: w, height });
+    });
+    resize.observe(el);
+    return () => {
+      resize.disconnect();
+      handle(null);
+      plot.destroy();
+    };
+    // eslint-disable-next-line react-hooks/exhaustive-deps
+  }, [seriesKey, time, syncKey, height]);
+
+  return (
+    <div class="chart" data-testid={testId}>
+      <div class="chart-title">{title}</div>
+      <div ref={box} class="chart-body" />
+    </div>
+  );
+}

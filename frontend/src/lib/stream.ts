@@ -1,0 +1,71 @@
+// One run's live stream (SSE). The browser's EventSource reconnects by itself and sends
+// Last-Event-ID, so the server resumes with no gap and no repeat; when the source gives up
+// (the api answered an error while restarting) we open a new one from the last id we saw.
+import type { LogsEvent, MetricsEvent, StateEvent } from "../api/client";
+import { setOnline } from "./connection";
+
+export interface StreamHandlers {
+  metrics?: (e: MetricsEvent) => void;
+  logs?: (e: LogsEvent) => void;
+  state?: (e: StateEvent) => void;
+  report?: (e: unknown) => void;
+}
+
+const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+
+export class RunStream {
+  private source: EventSource | null = null;
+  private lastId: string;
+  private closed = false;
+  private retry: number | undefined;
+
+  constructor(
+    private runId: number,
+    since: string,
+    private handlers: StreamHandlers,
+  ) {
+    this.lastId = since;
+    this.open();
+  }
+
+  private open(): void {
+    const url = `/api/v1/runs/${this.runId}/stream?since=${encodeURIComponent(this.lastId)}`;
+    const source = new EventSource(url, { withCredentials: true });
+    this.source = source;
+    source.onopen = () => setOnline(true);
+    source.onerror = () => {
+      if (this.closed) return;
+      setOnline(false);
+      if (source.readyState === EventSource.CLOSED) {
+        this.retry = window.setTimeout(() => this.open(), 2000);
+      }
+    };
+    const on = <T>(type: string, handle: ((data: T) => void) | undefined, after?: (data: T) => void) => {
+      source.addEventListener(type, (ev) => {
+        const msg = ev as MessageEvent<string>;
+        if (msg.lastEventId) this.lastId = msg.lastEventId;
+        const data = JSON.parse(msg.data) as T;
+        handle?.(data);
+        after?.(data);
+      });
+    };
+    on<MetricsEvent>("metrics", this.handlers.metrics);
+    on<LogsEvent>("logs", this.handlers.logs);
+    on<unknown>("report", this.handlers.report);
+    on<StateEvent>("state", this.handlers.state, (s) => {
+      if (TERMINAL.has(s.status)) this.close(); // the server ends the stream after this
+    });
+  }
+
+  close(): void {
+    this.closed = true;
+    window.clearTimeout(this.retry);
+    this.source?.close();
+  }
+}
+
+/** A stream id a little before now: the live view starts there and drops points the history
+ * already holds (stream ids are Redis's millisecond clock). */
+export function sinceAgo(seconds: number): string {
+  return `${Date.now() - seconds * 1000}-0`;
+}
