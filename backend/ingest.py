@@ -10,7 +10,7 @@ import math
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import redis
@@ -18,7 +18,7 @@ from sqlalchemy import Table, select, text, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
-from backend import lifecycle
+from backend import lifecycle, rollups
 from backend.db import transaction
 from backend.models import Attempt, LogLine, Metric, Run, utcnow
 from torchyard import streams
@@ -31,24 +31,37 @@ CLAIM_EVERY_S = 5.0
 STREAM_TTL_S = 3600  # a finished run's stream stays this long for live viewers, then goes
 
 Entry = tuple[str, str, dict[str, Any]]  # (stream, entry id, fields)
+ROLLUP_COLUMNS = ("run_id", "key", "rank", "step", "value", "ts")
 
 
-def _insert_ignoring_duplicates(session: Session, model: type, rows: list[dict[str, Any]]) -> None:
+def _insert_ignoring_duplicates(
+    session: Session, model: type, rows: list[dict[str, Any]], returning: Sequence[str] = ()
+) -> list[tuple[Any, ...]]:
+    """Inserts the rows that are not there yet; returns ``returning`` columns of those only."""
     if not rows:
-        return
+        return []
     if session.get_bind().dialect.name == "postgresql":
-        _insert_unnest(session, model.__table__, rows)  # type: ignore[attr-defined]
-    else:
-        session.execute(sqlite.insert(model).on_conflict_do_nothing(), rows)
+        return _insert_unnest(session, model.__table__, rows, returning)  # type: ignore[attr-defined]
+    stmt = sqlite.insert(model).on_conflict_do_nothing()
+    if not returning:
+        session.execute(stmt, rows)
+        return []
+    table = model.__table__  # type: ignore[attr-defined]
+    return [tuple(r) for r in session.execute(stmt.returning(*(table.c[c] for c in returning)), rows)]
 
 
-def _insert_unnest(session: Session, table: Table, rows: list[dict[str, Any]]) -> None:
+def _insert_unnest(
+    session: Session, table: Table, rows: list[dict[str, Any]], returning: Sequence[str]
+) -> list[tuple[Any, ...]]:
     """PostgreSQL: one statement per column set, each column sent as one array. Measured here
     1.6x the rows/s of a multi-row VALUES insert."""
     names = list(rows[0])
     arrays = ", ".join(f"CAST(:{n} AS {table.c[n].type.compile(session.get_bind().dialect)}[])" for n in names)
-    sql = text(f"INSERT INTO {table.name} ({', '.join(names)}) SELECT * FROM unnest({arrays}) ON CONFLICT DO NOTHING")
-    session.execute(sql, {n: [row[n] for row in rows] for n in names})
+    sql = f"INSERT INTO {table.name} ({', '.join(names)}) SELECT * FROM unnest({arrays}) ON CONFLICT DO NOTHING"
+    if returning:
+        sql += f" RETURNING {', '.join(returning)}"
+    result = session.execute(text(sql), {n: [row[n] for row in rows] for n in names})
+    return [tuple(r) for r in result] if returning else []
 
 
 def apply_entries(session: Session, entries: Iterable[Entry]) -> None:
@@ -91,7 +104,8 @@ def apply_entries(session: Session, entries: Iterable[Entry]) -> None:
         elif entry_type == streams.REPORT:
             reports.append((run_id, data))
         # STATE entries are for live readers: the database already has them.
-    _insert_ignoring_duplicates(session, Metric, metric_rows)
+    inserted = _insert_ignoring_duplicates(session, Metric, metric_rows, ROLLUP_COLUMNS)
+    rollups.merge(session, rollups.accumulate(inserted))  # type: ignore[arg-type]
     _insert_ignoring_duplicates(session, LogLine, log_rows)
     for run_id, step in last_step.items():
         session.execute(update(Run).where(Run.id == run_id, Run.last_step < step).values(last_step=step))

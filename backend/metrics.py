@@ -12,7 +12,10 @@ import numpy as np
 from sqlalchemy import distinct, select
 from sqlalchemy.orm import Session
 
+from backend import rollups
 from backend.models import Metric
+
+RAW_FACTOR = 16  # rows are read while a range holds at most this many times the points asked for
 
 
 def keys(session: Session, run_id: int) -> list[str]:
@@ -49,9 +52,14 @@ def series(
     max_points: int | None,
     step_min: int | None = None,
     step_max: int | None = None,
+    last_step: int = 0,
 ) -> dict[str, Any]:
-    """Per-rank series and the across-rank mean/min/max per step. Where steps were replayed by a
-    later attempt, the latest attempt's value wins."""
+    """Per-rank series and the across-rank mean/min/max per step, at most ``max_points`` per
+    series. A range far larger than that is read from the rollups (min/max per block of steps);
+    otherwise from the rows, where a step replayed by a later attempt shows the latest value."""
+    first, last = step_min or 0, step_max if step_max is not None else last_step
+    if max_points and last - first + 1 > RAW_FACTOR * max_points:
+        return _from_rollups(session, run_id, key, max_points, first, last)
     where = [Metric.run_id == run_id, Metric.key == key]
     if step_min is not None:
         where.append(Metric.step >= step_min)
@@ -94,7 +102,36 @@ def series(
             "min": _json_floats(lo),
             "max": _json_floats(hi),
         }
-    return {"run_id": run_id, "key": key, "ranks": ranks, "aggregate": aggregate}
+    return {"run_id": run_id, "key": key, "ranks": ranks, "aggregate": aggregate, "bucket_steps": 1}
+
+
+def _from_rollups(session: Session, run_id: int, key: str, max_points: int, lo: int, hi: int) -> dict[str, Any]:
+    """Two points per block of 2**level steps: where its minimum and its maximum were."""
+    level = rollups.level_for(hi - lo + 1, max_points)
+    by_rank: dict[int, list[tuple[int, float, float]]] = {}
+    blocks: dict[int, dict[str, Any]] = {}
+    for b in rollups.read(session, run_id, key, level, lo, hi):
+        extremes = {(b.min_step, b.min_value, b.min_ts), (b.max_step, b.max_value, b.max_ts)}
+        by_rank.setdefault(b.rank, []).extend(sorted(p for p in extremes if lo <= p[0] <= hi))
+        block = blocks.setdefault(b.bucket, {"min": (math.inf, 0), "max": (-math.inf, 0), "sum": 0.0, "count": 0})
+        block["min"] = min(block["min"], (b.min_value, b.min_step))
+        block["max"] = max(block["max"], (b.max_value, b.max_step))
+        block["sum"] += b.sum
+        block["count"] += b.count
+    ranks = {
+        str(rank): {"step": [p[0] for p in pts], "value": [p[1] for p in pts], "ts": [p[2] for p in pts]}
+        for rank, pts in sorted(by_rank.items())
+    }
+    aggregate: dict[str, list[Any]] = {"step": [], "mean": [], "min": [], "max": []}
+    for _bucket, block in sorted(blocks.items()):
+        for step in sorted({s for s in (block["min"][1], block["max"][1]) if lo <= s <= hi}):
+            aggregate["step"].append(step)
+            aggregate["mean"].append(block["sum"] / block["count"])
+            aggregate["min"].append(block["min"][0])
+            aggregate["max"].append(block["max"][0])
+    for name in ("mean", "min", "max"):
+        aggregate[name] = _json_floats(np.array(aggregate[name], dtype=np.float64))
+    return {"run_id": run_id, "key": key, "ranks": ranks, "aggregate": aggregate, "bucket_steps": 1 << level}
 
 
 def _json_floats(values: np.ndarray) -> list[float | None]:

@@ -112,6 +112,29 @@ class Metric(Base):
     ts: Mapped[float] = mapped_column(Float)  # unix seconds when the rank logged it
 
 
+class MetricRollup(Base):
+    """One rank's key over a block of 2**level steps: the extremes (with their steps and times),
+    sum and count. Ingest keeps them from the rows it newly inserts (so a redelivered batch adds
+    nothing); a chart of a million steps reads a few thousand of these instead of every row."""
+
+    __tablename__ = "metric_rollups"
+    __table_args__ = (UniqueConstraint("run_id", "key", "level", "bucket", "rank", name="uq_metric_rollup"),)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(200))
+    level: Mapped[int]  # the block is 2**level steps wide
+    bucket: Mapped[int] = mapped_column(BigInteger)  # step >> level
+    rank: Mapped[int]
+    min_step: Mapped[int] = mapped_column(BigInteger)
+    min_value: Mapped[float] = mapped_column(Float)
+    min_ts: Mapped[float] = mapped_column(Float)
+    max_step: Mapped[int] = mapped_column(BigInteger)
+    max_value: Mapped[float] = mapped_column(Float)
+    max_ts: Mapped[float] = mapped_column(Float)
+    sum: Mapped[float] = mapped_column(Float)
+    count: Mapped[int] = mapped_column(BigInteger)
+
+
 class LogLine(Base):
     __tablename__ = "log_lines"
     __table_args__ = (UniqueConstraint("run_id", "entry_id", "seq", name="uq_log_line"),)

@@ -85,6 +85,7 @@ class MetricSeries(BaseModel):
     key: str
     ranks: dict[str, RankSeries]
     aggregate: AggregateSeries
+    bucket_steps: int  # 1: every step (or min/max of rows); 2**level: min/max per block from rollups
 
 
 class Problem(BaseModel):

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import httpx
 import redis
-from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from backend.db import make_engine
+from backend.ingest import apply_entries
 from backend.migrate import upgrade
-from backend.models import Metric, Run
+from backend.models import Run
 from backend.security import create_token
 from torchyard import streams
 from torchyard.procs import RedisServer, free_port, wait_for
@@ -58,26 +58,27 @@ def seed(url: str, steps: int) -> tuple[str, int, int]:
         session.add_all([big, live])
         session.flush()
         big_id, live_id = big.id, live.id
+    # Through ingest's own write path (rows and rollups), as a real run's points arrive.
     t0 = time.perf_counter()
-    chunk = 100_000
     now = time.time()
-    with engine.begin() as conn:
-        for start in range(1, steps + 1, chunk):
-            rows = [
-                {
-                    "run_id": big_id,
-                    "attempt": 1,
-                    "rank": 0,
-                    "step": s,
-                    "key": "loss",
-                    "value": 2.0 / (1 + s / 1000) + (5.0 if s == 777_777 else 0.01 * ((s * 7919) % 100) / 100),
-                    "ts": now - (steps - s) * 0.01,
-                }
-                for s in range(start, min(start + chunk, steps + 1))
+    stream = streams.run_stream(big_id)
+    for start in range(1, steps + 1, 100_000):
+        entries = []
+        for first in range(start, min(start + 100_000, steps + 1), 5000):
+            points = [
+                [
+                    s,
+                    now - (steps - s) * 0.01,
+                    {"loss": 2.0 / (1 + s / 1000) + (5.0 if s == 777_777 else 0.01 * ((s * 7919) % 100) / 100)},
+                ]
+                for s in range(first, min(first + 5000, steps + 1))
             ]
-            conn.execute(insert(Metric), rows)
+            fields = streams.encode(streams.METRICS, {"attempt": 1, "rank": 0, "points": points, "dropped": 0})
+            entries.append((stream, f"{first}-0", fields))
+        with Session(engine) as session, session.begin():
+            apply_entries(session, entries)
     engine.dispose()
-    print(f"seeded {steps:,} points of loss in {time.perf_counter() - t0:.1f} s")
+    print(f"seeded {steps:,} points of loss through ingest (rows and rollups) in {time.perf_counter() - t0:.1f} s")
     return token, big_id, live_id
 
 

@@ -129,3 +129,36 @@ def test_worker_reports_move_the_run_and_a_repeated_exit_report_is_ignored(env: 
         assert run is not None and run.status == lifecycle.FAILED and run.status_reason == "Traceback: boom"
         attempt = session.scalar(select(Attempt).where(Attempt.run_id == run_id))
         assert attempt is not None and attempt.returncode == 1 and attempt.ended_at is not None
+
+
+def test_rollups_hold_each_blocks_extremes_once_and_long_ranges_read_from_them(env: tuple[redis.Redis, int]) -> None:
+    from backend import metrics
+    from backend.models import MetricRollup
+
+    client, run_id = env
+    stream = streams.run_stream(run_id)
+    steps = 20_000
+    for rank in (0, 1):
+        values = {s: (100.0 if (rank, s) == (1, 12_345) else float(s % 97)) for s in range(1, steps + 1)}
+        for start in range(1, steps + 1, 5000):
+            points = [[s, float(s), {"loss": values[s]}] for s in range(start, min(steps + 1, start + 5000))]
+            entry = streams.encode(streams.METRICS, {"attempt": 1, "rank": rank, "points": points, "dropped": 0})
+            client.xadd(stream, entry)
+            client.xadd(stream, entry)  # delivered twice: the rollups must not count it twice
+    drain(Ingest(client))
+
+    with transaction() as session:
+        level6 = session.scalars(
+            select(MetricRollup).where(MetricRollup.run_id == run_id, MetricRollup.level == 6)
+        ).all()
+        assert sum(b.count for b in level6) == 2 * steps
+        spike = next(b for b in level6 if b.rank == 1 and b.bucket == 12_345 >> 6)
+        assert (spike.max_value, spike.max_step) == (100.0, 12_345)
+
+        coarse = metrics.series(session, run_id, "loss", max_points=200, last_step=steps)
+        fine = metrics.series(session, run_id, "loss", max_points=None, last_step=steps)
+    assert coarse["bucket_steps"] > 1 and fine["bucket_steps"] == 1
+    assert len(coarse["ranks"]["1"]["step"]) <= 200 and len(coarse["aggregate"]["step"]) <= 200
+    assert max(coarse["aggregate"]["max"]) == max(fine["aggregate"]["max"]) == 100.0, "the spike survives"
+    assert 12_345 in coarse["ranks"]["1"]["step"]
+    assert abs(sum(coarse["aggregate"]["mean"]) / len(coarse["aggregate"]["mean"]) - 48.0) < 2.0

@@ -137,7 +137,7 @@ def get_metrics(
     step_min: Annotated[int | None, Query(ge=0)] = None,
     step_max: Annotated[int | None, Query(ge=0)] = None,
 ) -> dict[str, Any]:
-    return metrics.series(session, run.id, key, max_points, step_min, step_max)
+    return metrics.series(session, run.id, key, max_points, step_min, step_max, run.last_step)
 
 
 @router.get("/{run_id}/logs", response_model=list[LogLineOut])
