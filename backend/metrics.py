@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from sqlalchemy import distinct, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend import rollups
@@ -19,7 +19,7 @@ RAW_FACTOR = 16  # rows are read while a range holds at most this many times the
 
 
 def keys(session: Session, run_id: int) -> list[str]:
-    return list(session.scalars(select(distinct(Metric.key)).where(Metric.run_id == run_id).order_by(Metric.key)))
+    return list(session.scalars(select(Metric.key).where(Metric.run_id == run_id).distinct().order_by(Metric.key)))
 
 
 def downsample(steps: np.ndarray, values: Sequence[np.ndarray], max_points: int) -> tuple[np.ndarray, list[np.ndarray]]:

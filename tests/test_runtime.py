@@ -31,7 +31,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
 
 
 def torchrun(
-    server: RedisServer, spec: dict[str, Any], timeout: float = 60
+    server: RedisServer, spec: dict[str, Any], timeout: float = 60, env_extra: dict[str, str] | None = None
 ) -> tuple[int, subprocess.CompletedProcess[str]]:
     run_id = next(_run_ids)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")}
@@ -42,6 +42,7 @@ def torchrun(
         TORCHYARD_ATTEMPT="1",
         OMP_NUM_THREADS="1",
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+        **(env_extra or {}),
     )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node",
            str(spec["resources"]["procs_per_node"]), "-m", "workers.runtime.train"]  # fmt: skip
@@ -79,6 +80,11 @@ def losses(pts: list[tuple[int, int, dict[str, float]]]) -> dict[tuple[int, int]
 
 
 MLP = {"name": "mlp", "params": {"samples": 4096}}
+BASE_KEYS = {"loss", "lr", "step_time_s", "samples_per_s", "data_time_s"}
+COMM_KEYS = {
+    "compute_time_s", "comm_time_s", "exposed_comm_s", "comm_fraction", "comm_bytes",
+    "algbw_GBps", "busbw_GBps", "busbw_efficiency", "max_rss_bytes",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +99,7 @@ def test_mlp_logs_every_step_of_every_rank_once_and_learns(server: RedisServer, 
     pts = points(server, run_id)
     assert Counter((rank, step) for rank, step, _ in pts) == Counter({(r, s): 1 for r in (0, 1) for s in range(1, 31)})
     for _rank, _step, values in pts:
-        assert set(values) == {"loss", "lr", "step_time_s", "samples_per_s", "data_time_s"}
+        assert set(values) == BASE_KEYS | COMM_KEYS
         assert values["lr"] == 0.01 and values["step_time_s"] > 0 and values["data_time_s"] >= 0
         assert values["samples_per_s"] == pytest.approx(32 / values["step_time_s"])
     by_step = losses(pts)

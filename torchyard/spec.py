@@ -58,11 +58,53 @@ Workload = Annotated[MlpWorkload | CharLMWorkload | FailWorkload, Field(discrimi
 
 
 class DdpStrategy(_Strict):
+    """DistributedDataParallel with one of torch's gradient communication hooks."""
+
     kind: Literal["ddp"]
-    comm_hook: Literal["allreduce"] = "allreduce"
+    comm_hook: Literal["allreduce", "fp16", "bf16", "powersgd"] = "allreduce"
+    powersgd_rank: int = Field(2, description="PowerSGD's matrix approximation rank (≥ 1)")
+    powersgd_warmup: int = Field(10, ge=0, description="steps of plain all-reduce before PowerSGD starts")
+
+    @model_validator(mode="after")
+    def _powersgd_rank_positive(self) -> DdpStrategy:
+        if self.powersgd_rank < 1:
+            raise ValueError(f"strategy.powersgd_rank ({self.powersgd_rank}) must be at least 1")
+        return self
 
 
-Strategy = Annotated[DdpStrategy, Field(discriminator="kind")]
+class FsdpStrategy(_Strict):
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``): parameters sharded across the ranks."""
+
+    kind: Literal["fsdp"]
+    reshard_after_forward: bool = True
+
+
+class PipelineStrategy(_Strict):
+    """``torch.distributed.pipelining``: one stage per rank, the global batch cut in microbatches."""
+
+    kind: Literal["pipeline"]
+    stages: int | None = Field(None, description="pipeline stages; default (and the only choice): the world size")
+    microbatches: int = Field(4, ge=1)
+    schedule: Literal["gpipe", "1f1b"] = "gpipe"
+
+
+class LocalSgdStrategy(_Strict):
+    """Post-local SGD: DDP for ``warmup_steps``, then local steps with the models averaged every ``period``."""
+
+    kind: Literal["local_sgd"]
+    period: int = Field(4, ge=1, description="average the models every H steps")
+    warmup_steps: int = Field(10, ge=0, description="steps of ordinary DDP before local SGD starts")
+
+
+class ZeroStrategy(_Strict):
+    """DDP with ``ZeroRedundancyOptimizer``: optimizer state sharded across the ranks."""
+
+    kind: Literal["zero"]
+
+
+Strategy = Annotated[
+    DdpStrategy | FsdpStrategy | PipelineStrategy | LocalSgdStrategy | ZeroStrategy, Field(discriminator="kind")
+]
 
 
 class Resources(_Strict):
@@ -103,4 +145,42 @@ class RunSpec(_Strict):
                 f"workload.params.samples ({self.workload.params.samples}) must be at least "
                 f"training.batch_size ({self.training.batch_size})"
             )
+        self._strategy_fits()
         return self
+
+    def _strategy_fits(self) -> None:
+        """Refuse, quoting the values, a strategy that cannot work for this workload and world."""
+        s, world = self.strategy, self.world_size
+        if isinstance(s, FsdpStrategy | ZeroStrategy | LocalSgdStrategy | PipelineStrategy) and world < 2:
+            raise ValueError(
+                f"strategy.kind '{s.kind}' shards or averages across ranks: it needs nodes × procs_per_node "
+                f"({world}) of at least 2"
+            )
+        if isinstance(s, PipelineStrategy):
+            stages = s.stages if s.stages is not None else world
+            if stages != world:
+                raise ValueError(f"strategy.stages ({stages}) must equal nodes × procs_per_node ({world})")
+            blocks = pipeline_blocks(self.workload)
+            if stages > blocks:
+                raise ValueError(
+                    f"strategy.stages ({stages}) do not divide workload '{self.workload.name}': it splits into at "
+                    f"most {blocks} stages"
+                )
+            if self.training.batch_size % s.microbatches:
+                raise ValueError(
+                    f"training.batch_size ({self.training.batch_size}) must be divisible by strategy.microbatches "
+                    f"({s.microbatches})"
+                )
+            if s.schedule == "1f1b" and s.microbatches < stages:
+                raise ValueError(
+                    f"strategy.schedule '1f1b' needs strategy.microbatches ({s.microbatches}) ≥ stages ({stages})"
+                )
+
+
+def pipeline_blocks(workload: MlpWorkload | CharLMWorkload | FailWorkload) -> int:
+    """How many pipeline stages a built-in model splits into at most (whole layers per stage)."""
+    if isinstance(workload, MlpWorkload):
+        return workload.params.layers + 1  # each hidden Linear+ReLU, then the output Linear
+    if isinstance(workload, CharLMWorkload):
+        return workload.params.n_layers  # the first stage also embeds; the last also norms and decodes
+    return 2  # fail: a one-hidden-layer mlp

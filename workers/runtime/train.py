@@ -21,11 +21,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 import torchyard
 from torchyard.spec import RunSpec
+from workers.runtime import strategies
+from workers.runtime.calibrate import calibrate
+from workers.runtime.comm import CommTimer, memory_figures
 from workers.runtime.workloads import Batch, Workload, as_batch, build
 
 
@@ -68,25 +70,45 @@ def train(spec: RunSpec) -> None:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo")
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     world = dist.get_world_size()
     rank = dist.get_rank()
 
     t = spec.training
+    # tests only: δ seconds added to one all-reduce (DDP's last bucket) on every even step
+    timer = CommTimer(world, device, inject_delay_s=float(os.environ.get("TORCHYARD_INJECT_COMM_DELAY_S", "0")))
+    timer.calibration = calibrate(device)
     seed_everything(t.seed)  # before building: every rank starts from the same weights
     workload = build(spec)
-    model = workload.model.to(device)
-    ddp = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
-    optimizer = workload.make_optimizer(ddp.parameters(), t.lr)
-    per_rank = t.batch_size // world
-    data = batches(workload, per_rank, rank, world, t.seed)
-    params = sum(p.numel() for p in model.parameters())
+    params = sum(p.numel() for p in workload.model.parameters())
+    ddp_logging = os.environ.get("TORCHYARD_DDP_LOGGING_CHECK") == "1"  # tests: DDP's own timers, every step
+    strategy = strategies.build(spec, workload, device, timer, ddp_logging=ddp_logging)
+    per_rank = t.batch_size // world if strategy.data_parallel else t.batch_size
+    shard, shards = (rank, world) if strategy.data_parallel else (0, 1)
+    data = batches(workload, per_rank, shard, shards, t.seed)
+    calibration = ", ".join(f"{size >> 10} KB {bw:.2f}" for size, bw in timer.calibration.items())
     say(
-        f"rank {rank}/{world}: workload {workload.name}, strategy {spec.strategy.kind}, device {device}, "
+        f"rank {rank}/{world}: workload {workload.name}, strategy {strategy.describe()}, device {device}, "
         f"{params:,} parameters, {len(workload.dataset):,} samples, batch {per_rank}/rank, {t.steps} steps"
+        + (f"; all-reduce busbw GB/s: {calibration}" if calibration else "")
     )
 
     print_every = max(1, t.steps // 10)
+    pending: dict[int, dict[str, float]] = {}  # logged steps waiting for their comm figures (CUDA: a step)
+
+    def emit(ready: list[tuple[int, dict[str, float]]]) -> None:
+        for step, comm in ready:
+            scalars = pending.pop(step, None)
+            if scalars is None:
+                continue
+            comm.pop("comm_ops", None)
+            step_time = scalars["step_time_s"]
+            scalars["compute_time_s"] = max(0.0, step_time - scalars["data_time_s"] - comm["exposed_comm_s"])
+            scalars.update(comm)
+            scalars["comm_fraction"] = comm["exposed_comm_s"] / step_time
+            scalars.update(memory_figures(device))
+            torchyard.log(step, **scalars)
+
     started = time.perf_counter()
     for step in range(1, t.steps + 1):
         logged = step % t.log_every == 0 or step == t.steps
@@ -95,28 +117,32 @@ def train(spec: RunSpec) -> None:
         t1 = time.perf_counter()
         if workload.before_step is not None:
             workload.before_step(step)
-        optimizer.zero_grad(set_to_none=True)
-        loss = workload.loss(ddp, batch)
-        loss.backward()
-        optimizer.step()
+        timer.begin_step(step)
+        loss = strategy.train_step(batch)
         if logged or step % print_every == 0:
             if cuda:
                 torch.cuda.synchronize(device)
             step_time = time.perf_counter() - t0
-            loss_value = float(loss.detach())
+            loss_value = float(loss.detach()) if loss is not None else None
             if logged:
                 scalars = {
-                    "loss": loss_value,
-                    "lr": optimizer.param_groups[0]["lr"],
+                    "lr": strategy.lr,
                     "step_time_s": step_time,
                     "samples_per_s": per_rank / step_time,
                     "data_time_s": t1 - t0,
                 }
+                if loss_value is not None:
+                    scalars["loss"] = loss_value
                 if workload.tokens_per_sample:
                     scalars["tokens_per_s"] = per_rank * workload.tokens_per_sample / step_time
-                torchyard.log(step, **scalars)
+                scalars.update(strategy.extra_metrics())
+                pending[step] = scalars
             if step % print_every == 0 or step == t.steps:
-                say(f"step {step}/{t.steps} loss {loss_value:.4f} {step_time * 1e3:.1f} ms/step")
+                shown = f"loss {loss_value:.4f}" if loss_value is not None else "(no loss on this stage)"
+                say(f"step {step}/{t.steps} {shown} {step_time * 1e3:.1f} ms/step")
+        emit(timer.end_step())
+    emit(timer.flush())
+    strategy.close()
     elapsed = time.perf_counter() - started
     say(f"rank {rank}/{world}: done, {t.steps} steps in {elapsed:.1f} s ({t.steps / elapsed:.2f} steps/s)")
 

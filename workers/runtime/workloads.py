@@ -5,7 +5,7 @@
 - ``charlm``: a small causal transformer over bytes of the Python standard library's own sources;
 - ``fail``: a tiny mlp that raises at ``params["at_step"]`` (what a failing run looks like).
 
-A strategy (DDP today; FSDP or pipeline later) wraps ``Workload.model`` and feeds it batches made
+A strategy (``workers.runtime.strategies``) wraps ``Workload.model`` and feeds it batches made
 by ``Workload.dataset``: a map-style torch Dataset whose ``__getitems__`` returns a whole batch (a
 tuple of tensors, first dimension = samples), so a DataLoader needs ``collate_fn=as_batch``.
 Everything is built from ``training.seed`` alone: every rank builds the same model and data.
@@ -95,15 +95,21 @@ class Workload:
     make_optimizer: Callable[[Iterable[nn.Parameter], float], torch.optim.Optimizer]
     tokens_per_sample: int = 0  # > 0: the runtime also reports tokens_per_s
     before_step: Callable[[int], None] | None = None  # called with the step number (1-based)
+    # (model output, target) -> loss; ``loss`` is criterion(model(x), y). Pipelines need it apart.
+    criterion: Callable[[Tensor, Tensor], Tensor] | None = None
 
 
 def _adam(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=lr)
 
 
+def _cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
+    return nn.functional.cross_entropy(logits, y)
+
+
 def _classification_loss(model: nn.Module, batch: Batch) -> Tensor:
     x, y = batch
-    return nn.functional.cross_entropy(model(x), y)
+    return _cross_entropy(model(x), y)
 
 
 def _mlp(input_dim: int, hidden: int, layers: int, classes: int) -> nn.Sequential:
@@ -126,7 +132,7 @@ def build_mlp(p: MlpParams, seed: int, name: str = "mlp") -> Workload:
         y = teacher(x).argmax(dim=1)
     torch.manual_seed(seed)  # the student's initialisation: identical on every rank
     model = _mlp(p.input_dim, p.hidden, p.layers, p.classes)
-    return Workload(name, model, TensorBatches(x, y), _classification_loss, _adam)
+    return Workload(name, model, TensorBatches(x, y), _classification_loss, _adam, criterion=_cross_entropy)
 
 
 # -- charlm ------------------------------------------------------------------------------------
@@ -174,10 +180,13 @@ class CharTransformer(nn.Module):
         return self.head(self.norm(h))
 
 
+def _lm_criterion(logits: Tensor, y: Tensor) -> Tensor:
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
 def _lm_loss(model: nn.Module, batch: Batch) -> Tensor:
     x, y = batch
-    logits = model(x)
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    return _lm_criterion(model(x), y)
 
 
 def build_charlm(p: CharLMParams, seed: int) -> Workload:
@@ -185,7 +194,15 @@ def build_charlm(p: CharLMParams, seed: int) -> Workload:
     data = torch.frombuffer(bytearray(corpus), dtype=torch.uint8).long()
     torch.manual_seed(seed)
     model = CharTransformer(p)
-    return Workload("charlm", model, WindowBatches(data, p.seq_len), _lm_loss, _adam, tokens_per_sample=p.seq_len)
+    return Workload(
+        "charlm",
+        model,
+        WindowBatches(data, p.seq_len),
+        _lm_loss,
+        _adam,
+        tokens_per_sample=p.seq_len,
+        criterion=_lm_criterion,
+    )
 
 
 # -- fail --------------------------------------------------------------------------------------
