@@ -15,7 +15,6 @@ from typing import Any
 
 import redis
 from sqlalchemy import Table, select, text, update
-from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
 from backend import lifecycle, rollups
@@ -32,6 +31,7 @@ STREAM_TTL_S = 3600  # a finished run's stream stays this long for live viewers,
 
 Entry = tuple[str, str, dict[str, Any]]  # (stream, entry id, fields)
 ROLLUP_COLUMNS = ("run_id", "key", "rank", "step", "value", "ts")
+SQLITE_MAX_VARIABLES = 32_766  # bound parameters per statement (SQLite >= 3.32)
 
 
 def _insert_ignoring_duplicates(
@@ -42,12 +42,28 @@ def _insert_ignoring_duplicates(
         return []
     if session.get_bind().dialect.name == "postgresql":
         return _insert_unnest(session, model.__table__, rows, returning)  # type: ignore[attr-defined]
-    stmt = sqlite.insert(model).on_conflict_do_nothing()
-    if not returning:
-        session.execute(stmt, rows)
-        return []
-    table = model.__table__  # type: ignore[attr-defined]
-    return [tuple(r) for r in session.execute(stmt.returning(*(table.c[c] for c in returning)), rows)]
+    return _insert_values(session, model.__table__, rows, returning)  # type: ignore[attr-defined]
+
+
+def _insert_values(
+    session: Session, table: Table, rows: list[dict[str, Any]], returning: Sequence[str]
+) -> list[tuple[Any, ...]]:
+    """SQLite: multi-row VALUES through the driver's cursor, in the session's transaction.
+    SQLAlchemy's per-row parameter handling cost 3x as much as the insert itself here."""
+    names = list(rows[0])
+    per_statement = SQLITE_MAX_VARIABLES // len(names)
+    row_marks = "(" + ", ".join("?" * len(names)) + ")"
+    tail = " ON CONFLICT DO NOTHING" + (f" RETURNING {', '.join(returning)}" if returning else "")
+    cursor = session.connection().connection.driver_connection.cursor()  # type: ignore[union-attr]
+    inserted: list[tuple[Any, ...]] = []
+    for start in range(0, len(rows), per_statement):
+        chunk = rows[start : start + per_statement]
+        sql = f"INSERT INTO {table.name} ({', '.join(names)}) VALUES {', '.join([row_marks] * len(chunk))}{tail}"
+        cursor.execute(sql, [row[n] for row in chunk for n in names])
+        if returning:
+            inserted.extend(cursor.fetchall())
+    cursor.close()
+    return inserted
 
 
 def _insert_unnest(
