@@ -10,10 +10,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
-from sqlalchemy import Table, case, select
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Table, select
 from sqlalchemy.orm import Session
 
+from backend import bulk
 from backend.models import MetricRollup
 
 LEVELS = (6, 8, 10, 12, 14, 16)  # blocks of 64 … 65,536 steps; each level 4x coarser
@@ -52,27 +52,21 @@ def accumulate(rows: Iterable[NewRow]) -> list[dict[str, Any]]:
 
 def merge(session: Session, blocks: list[dict[str, Any]]) -> None:
     """Upserts blocks: extremes keep the more extreme side, sums and counts add up."""
-    if not blocks:
-        return
-    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
-    table = cast(Table, MetricRollup.__table__)
-    stmt = insert(table)
-    new, old = stmt.excluded, table.c
-    lower, higher = new.min_value < old.min_value, new.max_value > old.max_value
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["run_id", "key", "level", "bucket", "rank"],
-        set_={
-            "min_step": case((lower, new.min_step), else_=old.min_step),
-            "min_ts": case((lower, new.min_ts), else_=old.min_ts),
-            "min_value": case((lower, new.min_value), else_=old.min_value),
-            "max_step": case((higher, new.max_step), else_=old.max_step),
-            "max_ts": case((higher, new.max_ts), else_=old.max_ts),
-            "max_value": case((higher, new.max_value), else_=old.max_value),
-            "sum": old.sum + new.sum,
-            "count": old.count + new.count,
-        },
+    bulk.insert(session, cast(Table, MetricRollup.__table__), blocks, on_conflict=_MERGE)
+
+
+def _keep(side: str, better: str) -> str:
+    return ", ".join(
+        f"{side}_{field} = CASE WHEN excluded.{side}_value {better} t.{side}_value "
+        f"THEN excluded.{side}_{field} ELSE t.{side}_{field} END"
+        for field in ("step", "ts", "value")  # every CASE reads the row as it was before this SET
     )
-    session.connection().execute(stmt, blocks)
+
+
+_MERGE = (
+    "(run_id, key, level, bucket, rank) DO UPDATE SET "
+    f"{_keep('min', '<')}, {_keep('max', '>')}, sum = t.sum + excluded.sum, count = t.count + excluded.count"
+)
 
 
 def level_for(span: int, max_points: int) -> int:
