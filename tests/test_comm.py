@@ -1,0 +1,59 @@
+"""The communication figures' arithmetic (no processes): unions, exposed time, bandwidths."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from workers.runtime.comm import ALL_GATHER, ALL_REDUCE, BROADCAST, CommTimer, bus_factor, figures, union_length
+
+
+def test_union_counts_overlaps_once_and_ignores_empty_intervals() -> None:
+    assert union_length([]) == 0
+    assert union_length([(0, 1), (0.5, 2), (3, 4), (5, 5), (6, 5)]) == pytest.approx(3)
+    assert union_length([(2, 3), (0, 10)]) == pytest.approx(10)
+
+
+def test_bus_factors_are_the_nccl_tests_ones() -> None:
+    assert bus_factor(ALL_REDUCE, 2) == 1 and bus_factor(ALL_REDUCE, 8) == pytest.approx(1.75)
+    assert bus_factor(ALL_GATHER, 4) == pytest.approx(0.75) and bus_factor(BROADCAST, 4) == 1
+    assert bus_factor(ALL_REDUCE, 1) == 0
+
+
+def test_figures_from_intervals() -> None:
+    comms = [(0.0, 0.2, 100_000_000, ALL_REDUCE), (0.1, 0.3, 100_000_000, ALL_GATHER)]
+    fig = figures(comms, exposed=[(0.25, 0.3)], world=4)
+    assert fig["comm_time_s"] == pytest.approx(0.3)
+    assert fig["exposed_comm_s"] == pytest.approx(0.05)
+    assert fig["comm_bytes"] == 200_000_000
+    assert fig["algbw_GBps"] == pytest.approx(0.2 / 0.3)
+    assert fig["busbw_GBps"] == pytest.approx((0.1 * 1.5 + 0.1 * 0.75) / 0.3)
+
+
+def test_timer_ddp_tail_and_efficiency_against_calibration() -> None:
+    timer = CommTimer(2, torch.device("cpu"))
+    timer.calibration = {4096: 0.01, 4 << 20: 1.0}
+    timer.begin_step(1)
+    origin = timer.now()
+    done = torch.futures.Future[int]()
+    tracked = timer.track(ALL_REDUCE, 4 << 20, origin, done)
+    timer.expose_tail(origin + 0.001)
+    time.sleep(0.02)
+    done.set_result(1)
+    assert tracked.wait() == 1
+    ((step, fig),) = timer.end_step()
+    assert step == 1 and fig["comm_bytes"] == 4 << 20
+    assert 0.015 < fig["exposed_comm_s"] <= fig["comm_time_s"]
+    assert fig["busbw_efficiency"] == pytest.approx(fig["busbw_GBps"] / 1.0)
+
+
+def test_a_step_without_collectives_reports_zeros() -> None:
+    timer = CommTimer(2, torch.device("cpu"))
+    timer.begin_step(3)
+    ((_, fig),) = timer.end_step()
+    assert fig == {
+        "comm_time_s": 0, "exposed_comm_s": 0, "comm_bytes": 0, "comm_ops": 0,
+        "algbw_GBps": 0, "busbw_GBps": 0, "busbw_efficiency": 0,
+    }  # fmt: skip

@@ -1,0 +1,229 @@
+"""Every strategy under the real torch elastic launcher (Gloo, 2 ranks), checked against a
+1-process run: same losses (ddp, fsdp, zero, pipeline), same final loss (compression, local SGD),
+and the communication figures proved: a known injected delay comes back as exposed time, all-reduce
+bytes equal the gradient bytes, DDP's own timers agree. Plus the spec's refusals."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from tests.test_runtime import BASE_KEYS, COMM_KEYS, points, torchrun
+from torchyard.procs import RedisServer
+from torchyard.spec import RunSpec
+
+STEPS = 50
+MLP = {"name": "mlp", "params": {"samples": 4096}}
+GRAD_BYTES = 38_538 * 4  # the default mlp's parameters, float32
+DELAY_S = 0.1  # injected into DDP's last bucket on even steps
+Points = list[tuple[int, int, dict[str, float]]]
+
+
+def spec(
+    strategy: dict[str, Any], procs: int = 2, workload: dict[str, Any] = MLP, steps: int = STEPS
+) -> dict[str, Any]:
+    return {
+        "name": "test",
+        "workload": workload,
+        "strategy": strategy,
+        "resources": {"procs_per_node": procs, "device": "cpu"},
+        "training": {"steps": steps, "batch_size": 64, "lr": 0.01, "seed": 0, "log_every": 1},
+    }
+
+
+RUNS: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
+    "baseline": (spec({"kind": "ddp"}, procs=1), {}),
+    "ddp": (spec({"kind": "ddp"}), {"TORCHYARD_INJECT_COMM_DELAY_S": str(DELAY_S), "TORCHYARD_DDP_LOGGING_CHECK": "1"}),
+    "fsdp": (spec({"kind": "fsdp", "reshard_after_forward": False}), {}),
+    "pipeline": (spec({"kind": "pipeline", "microbatches": 4, "schedule": "1f1b"}), {}),
+    "zero": (spec({"kind": "zero"}), {}),
+    "fp16": (spec({"kind": "ddp", "comm_hook": "fp16"}), {}),
+    "bf16": (spec({"kind": "ddp", "comm_hook": "bf16"}), {}),
+    "powersgd": (spec({"kind": "ddp", "comm_hook": "powersgd", "powersgd_rank": 2, "powersgd_warmup": 5}), {}),
+    "local_sgd": (spec({"kind": "local_sgd", "period": 4, "warmup_steps": 10}), {}),
+    # 6 × Linear(512) fill several DDP buckets: the case that broke powerSGD_hook on Gloo
+    "powersgd_buckets": (
+        spec(
+            {"kind": "ddp", "comm_hook": "powersgd", "powersgd_warmup": 2},
+            workload={"name": "mlp", "params": {"hidden": 512, "layers": 6, "samples": 1024}},
+            steps=8,
+        ),
+        {},
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    done: dict[str, Points] = {}
+
+    def get(name: str) -> Points:
+        if name not in done:
+            body, env = RUNS[name]
+            run_id, proc = torchrun(server, body, timeout=120, env_extra=env)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+            done[name] = points(server, run_id)
+        return done[name]
+
+    yield get
+    server.stop()
+
+
+def by(pts: Points, key: str) -> dict[int, dict[int, float]]:
+    """{rank: {step: value}}"""
+    out: dict[int, dict[int, float]] = {}
+    for rank, step, values in pts:
+        if key in values:
+            out.setdefault(rank, {})[step] = values[key]
+    return out
+
+
+def global_loss(pts: Points) -> list[float]:
+    """Per step, the mean of the ranks' losses (equal shards: the loss of the global batch)."""
+    losses = by(pts, "loss")
+    return [statistics.fmean(series[s] for series in losses.values()) for s in range(1, STEPS + 1)]
+
+
+def assert_close(got: list[float], want: list[float], rel: float) -> None:
+    worst = max(abs(g - w) / abs(w) for g, w in zip(got, want, strict=True))
+    assert worst <= rel, f"worst relative difference {worst:.2e} > {rel:.0e}"
+
+
+def final(losses: list[float]) -> float:
+    return statistics.fmean(losses[-10:])
+
+
+@pytest.mark.timeout(300)
+def test_every_rank_reports_comm_figures_for_every_step(run: Any) -> None:
+    for name in ("ddp", "fsdp", "pipeline", "zero", "local_sgd"):
+        pts = run(name)
+        assert {(r, s) for r, s, _ in pts} == {(r, s) for r in (0, 1) for s in range(1, STEPS + 1)}, name
+        for rank, step, values in pts:
+            assert set(values) >= COMM_KEYS and BASE_KEYS - {"loss"} <= set(values), (name, rank, step)
+            assert values["compute_time_s"] + values["exposed_comm_s"] <= values["step_time_s"] + 1e-9
+            assert 0 <= values["comm_fraction"] <= 1 and values["max_rss_bytes"] > 0
+            assert values["exposed_comm_s"] <= values["comm_time_s"] + 1e-9
+            if values["comm_bytes"]:
+                assert values["algbw_GBps"] == pytest.approx(values["comm_bytes"] / values["comm_time_s"] / 1e9)
+
+
+@pytest.mark.timeout(300)
+def test_ddp_and_fsdp_match_one_process_step_by_step(run: Any) -> None:
+    baseline = global_loss(run("baseline"))
+    assert_close(global_loss(run("ddp")), baseline, 1e-4)
+    assert_close(global_loss(run("fsdp")), baseline, 1e-4)
+
+
+@pytest.mark.timeout(300)
+def test_pipeline_matches_one_process_and_zero_matches_ddp(run: Any) -> None:
+    baseline = global_loss(run("baseline"))
+    pipeline = by(run("pipeline"), "loss")
+    assert set(pipeline) == {1}  # the loss lives on the last stage
+    assert_close([pipeline[1][s] for s in range(1, STEPS + 1)], baseline, 1e-3)
+    ddp, zero = by(run("ddp"), "loss"), by(run("zero"), "loss")
+    for rank in (0, 1):
+        assert_close([zero[rank][s] for s in range(1, STEPS + 1)], [ddp[rank][s] for s in range(1, STEPS + 1)], 1e-4)
+
+
+@pytest.mark.timeout(300)
+def test_compression_and_local_sgd_reach_the_baseline_loss(run: Any) -> None:
+    want = final(global_loss(run("baseline")))
+    for name in ("fp16", "bf16", "powersgd", "local_sgd"):
+        got = final(global_loss(run(name)))
+        assert abs(got - want) / want <= 0.05, (name, got, want)
+
+
+@pytest.mark.timeout(300)
+def test_allreduce_bytes_are_the_gradient_bytes_or_the_compressed_ones(run: Any) -> None:
+    for name, per_step in (("ddp", GRAD_BYTES), ("fp16", GRAD_BYTES // 2), ("bf16", GRAD_BYTES // 2)):
+        for rank, step, values in run(name):
+            assert values["comm_bytes"] == per_step, (name, rank, step)
+    powersgd = by(run("powersgd"), "comm_bytes")[0]
+    assert all(powersgd[s] == GRAD_BYTES for s in range(1, 6))  # warm-up: plain all-reduce
+    assert all(0 < powersgd[s] < GRAD_BYTES / 4 for s in range(6, STEPS + 1)), powersgd
+    local = by(run("local_sgd"), "comm_bytes")[0]
+    assert all(local[s] == GRAD_BYTES for s in range(1, 11))  # warm-up: DDP
+    # then only the averaging every 4 steps (the parameters, once; torch's averager counts from 0)
+    averaged = {s for s in range(11, STEPS + 1) if local[s]}
+    assert averaged == set(range(11, STEPS + 1, 4)) and all(local[s] == GRAD_BYTES for s in averaged)
+    zero = by(run("zero"), "comm_bytes")[0]
+    assert all(zero[s] == 2 * GRAD_BYTES for s in range(1, STEPS + 1))  # all-reduce + the broadcasts
+
+
+@pytest.mark.timeout(300)
+def test_injected_delay_is_recovered_in_exposed_comm(run: Any) -> None:
+    exposed = by(run("ddp"), "exposed_comm_s")
+    for rank in (0, 1):
+        even = statistics.median(v for s, v in exposed[rank].items() if s % 2 == 0)
+        odd = statistics.median(v for s, v in exposed[rank].items() if s % 2 == 1)
+        assert even - odd == pytest.approx(DELAY_S, rel=0.10), (rank, even, odd)
+
+
+@pytest.mark.timeout(300)
+def test_ddp_own_logging_agrees_with_our_figures(run: Any) -> None:
+    """DDP samples every iteration (``_set_ddp_runtime_logging_sample_rate(1)``) and publishes an
+    iteration's figures at the next forward: its values at step s+1 are step s's."""
+    pts = run("ddp")
+    for rank in (0, 1):
+        ours = {s: v for r, s, v in pts if r == rank}
+        agree = 0
+        for step in range(2, STEPS):
+            mine, ddp = ours[step], ours[step + 1]
+            # DDP's comm time spans the first bucket's launch to the last one's end (our union ≤ it)
+            agree += ddp["ddp_exposed_comm_s"] == pytest.approx(mine["exposed_comm_s"], rel=0.1, abs=1e-3) and ddp[
+                "ddp_backward_comm_s"
+            ] == pytest.approx(mine["comm_time_s"], rel=0.1, abs=1e-3)
+        assert agree >= 0.8 * (STEPS - 2), f"rank {rank}: {agree} of {STEPS - 2} steps agree"
+        mean_exposed = statistics.fmean(ours[s]["exposed_comm_s"] for s in range(1, STEPS))
+        assert ours[STEPS]["ddp_avg_exposed_comm_s"] == pytest.approx(mean_exposed, rel=0.05, abs=1e-3)
+
+
+@pytest.mark.timeout(300)
+def test_powersgd_works_on_gloo_with_several_buckets(run: Any) -> None:
+    pts = run("powersgd_buckets")
+    assert {(r, s) for r, s, _ in pts} == {(r, s) for r in (0, 1) for s in range(1, 9)}
+
+
+# -- the spec refuses what cannot work, saying why ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("strategy", "procs", "words"),
+    [
+        (
+            {"kind": "ddp", "comm_hook": "powersgd", "powersgd_rank": 0},
+            2,
+            "strategy.powersgd_rank (0) must be at least 1",
+        ),
+        ({"kind": "fsdp"}, 1, "strategy.kind 'fsdp' shards or averages across ranks"),
+        ({"kind": "pipeline", "stages": 3}, 2, "strategy.stages (3) must equal nodes × procs_per_node (2)"),
+        ({"kind": "pipeline"}, 8, "strategy.stages (8) do not divide workload 'mlp': it splits into at most 4 stages"),
+        (
+            {"kind": "pipeline", "microbatches": 5},
+            2,
+            "training.batch_size (64) must be divisible by strategy.microbatches (5)",
+        ),
+        (
+            {"kind": "pipeline", "schedule": "1f1b", "microbatches": 2},
+            4,
+            "needs strategy.microbatches (2) ≥ stages (4)",
+        ),
+        ({"kind": "local_sgd", "period": 0}, 2, "period"),
+        ({"kind": "ddp", "comm_hook": "int8"}, 2, "int8"),
+    ],
+)
+def test_spec_refuses_a_strategy_that_cannot_work(strategy: dict[str, Any], procs: int, words: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        RunSpec.model_validate(spec(strategy, procs=procs))
+    assert words in str(err.value)
+
+
+def test_spec_defaults_keep_old_specs_working() -> None:
+    s = RunSpec.model_validate({"name": "x", "workload": {"name": "mlp"}, "strategy": {"kind": "ddp"}})
+    assert s.strategy.kind == "ddp" and s.strategy.comm_hook == "allreduce"
+    assert RunSpec.model_validate({"name": "x", "workload": {"name": "mlp"}}).strategy.kind == "ddp"
