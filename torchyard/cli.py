@@ -190,7 +190,8 @@ def with_api(fn: Any) -> Any:
 @click.option("--name", help="run name (default: workload-strategy)")
 @click.option("--workload", default="mlp", show_default=True, help="built-in workload: mlp, charlm, fail")
 @click.option("--param", "params", multiple=True, help="workload parameter KEY=VALUE (repeatable)")
-@click.option("--strategy", default="ddp", show_default=True)
+@click.option("--strategy", default="ddp", show_default=True, help="ddp, fsdp, pipeline, local_sgd, zero")
+@click.option("--strategy-opt", "strategy_opts", multiple=True, help="strategy option KEY=VALUE (repeatable)")
 @click.option("--procs", type=int, default=2, show_default=True, help="processes per node")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--steps", type=int, default=100, show_default=True)
@@ -205,6 +206,7 @@ def submit(
     workload: str,
     params: tuple[str, ...],
     strategy: str,
+    strategy_opts: tuple[str, ...],
     procs: int,
     device: str,
     steps: int,
@@ -225,7 +227,7 @@ def submit(
         spec = {
             "name": name or f"{workload}-{strategy}",
             "workload": {"kind": "builtin", "name": workload, "params": dict(_parse_param(p) for p in params)},
-            "strategy": {"kind": strategy},
+            "strategy": {"kind": strategy, **dict(_parse_param(p) for p in strategy_opts)},
             "resources": {"nodes": 1, "procs_per_node": procs, "device": device},
             "training": {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed},
         }
