@@ -14,8 +14,9 @@ from fastapi.staticfiles import StaticFiles
 
 from backend import lifecycle
 from backend.deps import get_redis
-from backend.routes import health, nodes, runs, session
-from backend.runs import InvalidRequest, NotFound
+from backend.routes import health, nodes, prometheus, runs, session, tokens
+from backend.runs import InvalidRequest, LimitExceeded, NotFound
+from torchyard.settings import get_settings
 
 log = logging.getLogger(__name__)
 FRONTEND_DIST = Path(__file__).resolve().parent.parent / "frontend" / "dist"
@@ -32,9 +33,10 @@ def create_app() -> FastAPI:
         title="torchyard",
         version="0.1.0",
         description="Run and watch distributed PyTorch training.",
+        max_body_size=get_settings().max_request_bytes,
         lifespan=_lifespan,
     )
-    for module in (health, runs, nodes, session):
+    for module in (health, runs, nodes, session, tokens, prometheus):
         app.include_router(module.router)
 
     @app.exception_handler(NotFound)
@@ -44,6 +46,10 @@ def create_app() -> FastAPI:
     @app.exception_handler(lifecycle.IllegalTransition)
     async def _conflict(_request: Request, exc: lifecycle.IllegalTransition) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status.HTTP_409_CONFLICT)
+
+    @app.exception_handler(LimitExceeded)
+    async def _limit(_request: Request, exc: LimitExceeded) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status.HTTP_429_TOO_MANY_REQUESTS)
 
     @app.exception_handler(InvalidRequest)
     async def _invalid(_request: Request, exc: InvalidRequest) -> JSONResponse:

@@ -68,6 +68,7 @@ def require(role: str):  # type: ignore[no-untyped-def]
 
 Viewer = Annotated[Token, Depends(require("viewer"))]
 Member = Annotated[Token, Depends(require("member"))]
+Admin = Annotated[Token, Depends(require("admin"))]
 
 
 def run_or_404(run_id: int, session: SessionDep, _viewer: Viewer) -> Run:

@@ -33,7 +33,8 @@ Entry = tuple[str, str, dict[str, Any]]  # (stream, entry id, fields)
 ROLLUP_COLUMNS = ("run_id", "key", "rank", "step", "value", "ts")
 
 
-def apply_entries(session: Session, entries: Iterable[Entry]) -> None:
+def apply_entries(session: Session, entries: Iterable[Entry]) -> int:
+    """Writes the entries; returns how many metric points were new."""
     metric_rows: list[dict[str, Any]] = []
     log_rows: list[dict[str, Any]] = []
     last_step: dict[int, int] = {}
@@ -80,6 +81,7 @@ def apply_entries(session: Session, entries: Iterable[Entry]) -> None:
         session.execute(update(Run).where(Run.id == run_id, Run.last_step < step).values(last_step=step))
     for run_id, data in reports:
         apply_report(session, run_id, data)
+    return len(inserted)
 
 
 def apply_report(session: Session, run_id: int, data: dict[str, Any]) -> None:
@@ -152,30 +154,33 @@ class Ingest:
         if entries:
             try:
                 with transaction() as session:
-                    apply_entries(session, entries)
+                    written = apply_entries(session, entries)
             except (redis.RedisError, OSError):
                 raise
             except Exception:
                 log.exception("ingest batch of %d entries failed; retrying them one by one", len(entries))
-                self._apply_one_by_one(entries)
-            self._ack(entries)
+                written = self._apply_one_by_one(entries)
+            self._ack(entries, written)
         if time.monotonic() - self._last_retire > RETIRE_EVERY_S:
             self._retire_finished(keys)
         return len(entries)
 
-    def _apply_one_by_one(self, entries: list[Entry]) -> None:
+    def _apply_one_by_one(self, entries: list[Entry]) -> int:
         """Isolates a malformed entry so it cannot block the stream: it is logged and skipped."""
+        written = 0
         for entry in entries:
             try:
                 with transaction() as session:
-                    apply_entries(session, [entry])
+                    written += apply_entries(session, [entry])
             except Exception:
                 log.exception("skipping malformed entry %s of %s: %r", entry[1], entry[0], entry[2])
+        return written
 
-    def _ack(self, entries: list[Entry]) -> None:
+    def _ack(self, entries: list[Entry], points_written: int) -> None:
         pipe = self.client.pipeline(transaction=False)
         for stream, entry_id, _ in entries:
             pipe.xack(stream, streams.INGEST_GROUP, entry_id)
+        pipe.incrby(streams.INGESTED_POINTS, points_written)  # for /metrics
         pipe.execute()
 
     def _read(self, keys: list[str], start: str, block_ms: int | None) -> list[Entry]:

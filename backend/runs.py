@@ -25,6 +25,10 @@ class InvalidRequest(Exception):
         self.loc, self.msg, self.value = loc, msg, value
 
 
+class LimitExceeded(Exception):
+    """A quota the caller has used up: a 429 saying which and how to get under it."""
+
+
 def get_run(session: Session, run_id: int) -> Run:
     run = session.get(Run, run_id)
     if run is None:
@@ -32,8 +36,17 @@ def get_run(session: Session, run_id: int) -> Run:
     return run
 
 
-def create_run(session: Session, spec: RunSpec, owner: Token | None) -> Run:
+def create_run(session: Session, spec: RunSpec, owner: Token | None, max_in_flight: int | None = None) -> Run:
     _check_cluster_has_device(session, spec.resources.device)
+    if owner is not None and max_in_flight is not None:
+        in_flight = session.scalar(
+            select(func.count()).where(Run.owner_id == owner.id, Run.status.not_in(lifecycle.TERMINAL))
+        )
+        if (in_flight or 0) >= max_in_flight:
+            raise LimitExceeded(
+                f"token {owner.name!r} has {in_flight} unfinished runs, the most allowed "
+                f"(TORCHYARD_MAX_RUNS_IN_FLIGHT={max_in_flight}): wait for one to end or cancel one"
+            )
     run = Run(
         name=spec.name,
         status=lifecycle.QUEUED,

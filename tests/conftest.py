@@ -91,7 +91,7 @@ class RunningStack:
         self.client = Client(self.url, token)
 
 
-def start_stack(tmp: Path, database_url: str, redis: RedisServer) -> RunningStack:
+def start_stack(tmp: Path, database_url: str, redis: RedisServer, **overrides: Any) -> RunningStack:
     settings = Settings(
         state_dir=tmp / "state",
         database_url=database_url,
@@ -103,6 +103,7 @@ def start_stack(tmp: Path, database_url: str, redis: RedisServer) -> RunningStac
         heartbeat_s=0.5,
         node_timeout_s=5,
         scheduler_interval_s=0.5,
+        **overrides,
     )
     stack = Stack(settings)
     token = stack.start()

@@ -33,10 +33,11 @@ def test_short_series_are_returned_whole() -> None:
 
 
 @pytest.mark.parametrize(
-    "command", ["up", "api", "worker", "ingest", "scheduler", "migrate", "submit", "runs", "logs", "cancel"]
+    "command",
+    "up api worker ingest scheduler migrate submit runs logs cancel token/create token/list token/revoke".split(),
 )
 def test_every_cli_command_has_help(command: str) -> None:
-    result = CliRunner().invoke(main, [command, "--help"])
+    result = CliRunner().invoke(main, [*command.split("/"), "--help"])
     assert result.exit_code == 0 and "Usage:" in result.output and len(result.output.splitlines()) > 3
 
 

@@ -143,7 +143,7 @@ class Api:
             raise click.ClickException(f"cannot reach the api at {self.url}: {exc}") from exc
         if response.status_code >= 400:
             raise click.ClickException(f"{response.status_code}: {_describe_error(response)}")
-        return response.json()
+        return response.json() if response.content else None
 
 
 def _env() -> dict[str, str]:
@@ -332,6 +332,39 @@ def cancel(run_id: int, api_url: str | None, token: str | None) -> None:
     """Cancel a run: every one of its processes ends."""
     run = Api(api_url, token).call("POST", f"/api/v1/runs/{run_id}/cancel")
     click.echo(f"run {run['id']} {run['status']}")
+
+
+@main.group()
+def token() -> None:
+    """Manage bearer tokens (admin)."""
+
+
+@token.command("create")
+@click.option("--name", required=True, help="who or what the token is for")
+@click.option("--role", type=click.Choice(["viewer", "member", "admin"]), default="member", show_default=True)
+@with_api
+def token_create(name: str, role: str, api_url: str | None, token: str | None) -> None:
+    """Create a token; its secret is printed once."""
+    created = Api(api_url, token).call("POST", "/api/v1/tokens", json={"name": name, "role": role})
+    click.echo(f"token {created['id']} ({created['role']}) for {created['name']}: {created['token']}")
+
+
+@token.command("list")
+@with_api
+def token_list(api_url: str | None, token: str | None) -> None:
+    """List tokens (never their secrets)."""
+    for t in Api(api_url, token).call("GET", "/api/v1/tokens"):
+        state = f"revoked {t['revoked_at']}" if t["revoked_at"] else "active"
+        click.echo(f"{t['id']:>4}  {t['role']:<7} {state:<10} {t['name']}")
+
+
+@token.command("revoke")
+@click.argument("token_id", type=int)
+@with_api
+def token_revoke(token_id: int, api_url: str | None, token: str | None) -> None:
+    """Revoke a token: it stops working at once."""
+    Api(api_url, token).call("DELETE", f"/api/v1/tokens/{token_id}")
+    click.echo(f"token {token_id} revoked")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     cancel_grace_s: float = Field(2.0, ge=0, description="SIGTERM to SIGKILL grace on cancel")
     scheduler_interval_s: float = Field(1.0, gt=0, description="scheduler pass period")
     ingest_batch: int = Field(500, ge=1, description="stream entries per ingest transaction")
+    max_request_bytes: int = Field(1 << 20, ge=1024, description="largest request body the api accepts (413 above)")
+    max_runs_in_flight: int = Field(50, ge=1, description="unfinished runs one token may have (429 above)")
+    max_streams_per_token: int = Field(16, ge=1, description="live streams one token may hold open per api process")
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:

@@ -24,6 +24,7 @@ INGEST_GROUP = "ingest"
 NODES = "ty:nodes"  # set of node ids that ever heartbeated
 SCHEDULER_LOCK = "ty:scheduler:leader"
 SCHEDULER_WAKE = "ty:scheduler:wake"  # list; a push wakes the scheduler early
+INGESTED_POINTS = "ty:stats:ingested_points"  # counter: metric points ingest has written
 
 METRICS, LOGS, REPORT, STATE = "metrics", "logs", "report", "state"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
 
@@ -19,6 +20,7 @@ from backend.deps import Member, RedisDep, RunDep, SessionDep, Viewer, get_async
 from backend.models import Metric, Run
 from backend.schemas import EventOut, LogLineOut, MetricSeries, RunOut, RunPage
 from torchyard import streams
+from torchyard.settings import get_settings
 from torchyard.spec import RunSpec
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
@@ -44,7 +46,7 @@ def run_out(run: Run) -> RunOut:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RunOut)
 def submit_run(spec: RunSpec, session: SessionDep, redis: RedisDep, token: Member) -> RunOut:
-    run = runs.create_run(session, spec, token)
+    run = runs.create_run(session, spec, token, get_settings().max_runs_in_flight)
     session.commit()  # durable before the scheduler hears of it
     redis.rpush(streams.SCHEDULER_WAKE, run.id)
     return run_out(run)
@@ -155,6 +157,7 @@ def get_logs(
 async def stream_run(
     run: RunDep,
     request: Request,
+    viewer: Viewer,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
     since: Annotated[str | None, Query(description="stream id to resume after; '$' for new events only")] = None,
 ) -> StreamingResponse:
@@ -167,9 +170,17 @@ async def stream_run(
             status.HTTP_422_UNPROCESSABLE_CONTENT,
             f"Last-Event-ID/since ({start!r}) is not a stream id like 1700000000000-0",
         )
+    limit = get_settings().max_streams_per_token
+    if _open_streams[viewer.id] >= limit:
+        raise HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            f"token {viewer.name!r} already has {limit} live streams open here "
+            "(TORCHYARD_MAX_STREAMS_PER_TOKEN): close one first",
+        )
+    _open_streams[viewer.id] += 1
     finished = run.status in lifecycle.TERMINAL
     return StreamingResponse(
-        _sse(request, run.id, start, finished),
+        _sse(request, run.id, start, finished, viewer.id),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -180,7 +191,11 @@ def _valid_stream_id(value: str) -> bool:
     return ms.isdigit() and (seq == "" or seq.isdigit())
 
 
-async def _sse(request: Request, run_id: int, start: str, finished: bool) -> AsyncIterator[bytes]:
+# Live streams each token holds open in this api process (each holds a Redis connection).
+_open_streams: Counter[int] = Counter()
+
+
+async def _sse(request: Request, run_id: int, start: str, finished: bool, token_id: int) -> AsyncIterator[bytes]:
     client = get_async_redis()
     key = streams.run_stream(run_id)
     last = start
@@ -206,6 +221,7 @@ async def _sse(request: Request, run_id: int, start: str, finished: bool) -> Asy
                     finished = True
     finally:
         await client.aclose()
+        _open_streams[token_id] -= 1
 
 
 def _browser_json(data: Any) -> str:

@@ -1,0 +1,61 @@
+"""/api/v1/tokens: admins create, list and revoke bearer tokens. A secret is shown once, at
+creation; a revoked token stops working on its next request."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from fastapi import APIRouter, HTTPException, status
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+
+from backend.deps import Admin, SessionDep
+from backend.models import Token, utcnow
+from backend.security import create_token
+
+router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
+
+
+class TokenIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(..., min_length=1, max_length=200)
+    role: Literal["viewer", "member", "admin"] = "member"
+
+
+class TokenOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: int
+    name: str
+    role: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class NewToken(TokenOut):
+    token: str = Field(description="the secret: shown this once, stored only as a hash")
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=NewToken)
+def create(body: TokenIn, session: SessionDep, _admin: Admin) -> NewToken:
+    token, secret = create_token(session, body.name, body.role)
+    session.commit()
+    return NewToken(**TokenOut.model_validate(token).model_dump(), token=secret)
+
+
+@router.get("", response_model=list[TokenOut])
+def list_tokens(session: SessionDep, _admin: Admin) -> list[Token]:
+    return list(session.scalars(select(Token).order_by(Token.id)))
+
+
+@router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT)
+def revoke(token_id: int, session: SessionDep, admin: Admin) -> None:
+    token = session.get(Token, token_id)
+    if token is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"token {token_id} not found")
+    if token.revoked_at is not None:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"token {token_id} was already revoked at {token.revoked_at}")
+    if token.id == admin.id:
+        raise HTTPException(status.HTTP_409_CONFLICT, "you cannot revoke the token you are using")
+    token.revoked_at = utcnow()
+    session.commit()
