@@ -9,7 +9,7 @@ from typing import Annotated
 
 import redis
 import redis.asyncio as aioredis
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Path, Request, status
 from sqlalchemy.orm import Session
 
 from backend.db import get_sessionmaker
@@ -71,7 +71,12 @@ Member = Annotated[Token, Depends(require("member"))]
 Admin = Annotated[Token, Depends(require("admin"))]
 
 
-def run_or_404(run_id: int, session: SessionDep, _viewer: Viewer) -> Run:
+# Ids and counters the database holds as 64-bit integers: anything larger is a 422, not an overflow.
+DB_INT_MAX = 2**63 - 1
+RunId = Annotated[int, Path(ge=1, le=DB_INT_MAX, description="the run's id")]
+
+
+def run_or_404(run_id: RunId, session: SessionDep, _viewer: Viewer) -> Run:
     return get_run(session, run_id)  # NotFound maps to 404 in one place (backend.app)
 
 

@@ -5,7 +5,18 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -13,8 +24,19 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+class UtcDateTime(TypeDecorator[datetime]):
+    """Timestamps in UTC. SQLite hands them back without a zone; they get it again here, so the
+    api always sends RFC 3339 times with an offset."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+
 class Base(DeclarativeBase):
-    type_annotation_map = {datetime: DateTime(timezone=True), dict[str, Any]: JSON}
+    type_annotation_map = {datetime: UtcDateTime(), dict[str, Any]: JSON}
 
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; PostgreSQL gets a real bigint.

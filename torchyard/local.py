@@ -51,8 +51,9 @@ def credentials_file(settings: Settings) -> Path:
 
 
 class Stack:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, processes: tuple[str, ...] = ("api", "ingest", "worker")) -> None:
         self.settings = settings
+        self.processes = processes
         self.redis: RedisServer | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.stopping = threading.Event()
@@ -73,7 +74,7 @@ class Stack:
         print(f"database: {s.sqlalchemy_url}\nredis:    {redis_url}", flush=True)
         upgrade(s.sqlalchemy_url)
         token = _install_admin_token(s)
-        for name in ("api", "ingest", "worker"):
+        for name in self.processes:
             self.spawn(name)
         wait_for(lambda: httpx.get(f"{url}/readyz", timeout=2).status_code == 200, 60, "the api")
         credentials_file(s).write_text(json.dumps({"api_url": url, "token": token}))

@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from backend import lifecycle, metrics, runs
 from backend.db import get_sessionmaker
-from backend.deps import Member, RedisDep, RunDep, SessionDep, Viewer, get_async_redis
+from backend.deps import DB_INT_MAX, Member, RedisDep, RunDep, RunId, SessionDep, Viewer, get_async_redis
 from backend.models import Metric, Run
 from backend.schemas import EventOut, LogLineOut, MetricSeries, RunOut, RunPage
 from torchyard import streams
@@ -59,14 +59,15 @@ def list_runs(
     status_filter: Annotated[str | None, Query(alias="status", description="comma list of states")] = None,
     name: Annotated[str | None, Query(description="substring of the run name")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=DB_INT_MAX)] = 0,
 ) -> RunPage:
     if status_filter:
         unknown = set(status_filter.split(",")) - set(lifecycle.TRANSITIONS)
         if unknown:
-            raise HTTPException(
-                status.HTTP_422_UNPROCESSABLE_CONTENT,
+            raise runs.InvalidRequest(
+                ["query", "status"],
                 f"status ({','.join(sorted(unknown))}) is not a run state: {', '.join(lifecycle.TRANSITIONS)}",
+                status_filter,
             )
     items, total = runs.list_runs(session, status_filter, name, limit, offset)
     out = [run_out(r) for r in items]
@@ -112,7 +113,7 @@ def get_events(run: RunDep, session: SessionDep) -> list[Any]:
 
 
 @router.post("/{run_id}/cancel", response_model=RunOut)
-def cancel_run(run_id: int, session: SessionDep, redis: RedisDep, token: Member) -> RunOut:
+def cancel_run(run_id: RunId, session: SessionDep, redis: RedisDep, token: Member) -> RunOut:
     run = runs.get_run(session, run_id)
     if token.role != "admin" and run.owner_id != token.id:
         raise HTTPException(
@@ -136,8 +137,8 @@ def get_metrics(
     session: SessionDep,
     key: Annotated[str, Query(min_length=1, description="metric name, e.g. loss")],
     max_points: Annotated[int | None, Query(ge=2, le=100_000, description="min/max downsampling target")] = None,
-    step_min: Annotated[int | None, Query(ge=0)] = None,
-    step_max: Annotated[int | None, Query(ge=0)] = None,
+    step_min: Annotated[int | None, Query(ge=0, le=DB_INT_MAX)] = None,
+    step_max: Annotated[int | None, Query(ge=0, le=DB_INT_MAX)] = None,
 ) -> dict[str, Any]:
     return metrics.series(session, run.id, key, max_points, step_min, step_max, run.last_step)
 
@@ -147,7 +148,7 @@ def get_logs(
     run: RunDep,
     session: SessionDep,
     rank: Annotated[int | None, Query(ge=-1, description="-1: the launcher and elastic agent")] = None,
-    after: Annotated[int, Query(ge=0, description="return lines with id greater than this")] = 0,
+    after: Annotated[int, Query(ge=0, le=DB_INT_MAX, description="return lines with id greater than this")] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> list[Any]:
     return list(runs.list_logs(session, run.id, rank, after, limit))
@@ -166,9 +167,10 @@ async def stream_run(
     repeats nothing. Ends after the run's terminal state has been sent."""
     start = last_event_id or since or "0-0"
     if start != "$" and not _valid_stream_id(start):
-        raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_CONTENT,
+        raise runs.InvalidRequest(
+            ["header", "Last-Event-ID"],
             f"Last-Event-ID/since ({start!r}) is not a stream id like 1700000000000-0",
+            start,
         )
     limit = get_settings().max_streams_per_token
     if _open_streams[viewer.id] >= limit:

@@ -4,13 +4,13 @@ creation; a revoked token stops working on its next request."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, status
+from fastapi import APIRouter, HTTPException, Path, status
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
-from backend.deps import Admin, SessionDep
+from backend.deps import DB_INT_MAX, Admin, SessionDep
 from backend.models import Token, utcnow
 from backend.security import create_token
 
@@ -49,7 +49,7 @@ def list_tokens(session: SessionDep, _admin: Admin) -> list[Token]:
 
 
 @router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT)
-def revoke(token_id: int, session: SessionDep, admin: Admin) -> None:
+def revoke(token_id: Annotated[int, Path(ge=1, le=DB_INT_MAX)], session: SessionDep, admin: Admin) -> None:
     token = session.get(Token, token_id)
     if token is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"token {token_id} not found")
