@@ -120,6 +120,8 @@ class Training(_Strict):
     lr: float = Field(0.01, gt=0, le=100)
     seed: int = Field(0, ge=0)
     log_every: int = Field(1, ge=1, description="log metrics every N steps")
+    checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps (0: never)")
+    max_attempts: int = Field(3, ge=1, le=100, description="attempts before a run whose node is lost fails")
 
 
 class RunSpec(_Strict):
@@ -146,6 +148,11 @@ class RunSpec(_Strict):
                 f"training.batch_size ({self.training.batch_size})"
             )
         self._strategy_fits()
+        if self.training.checkpoint_every and not isinstance(self.strategy, DdpStrategy | FsdpStrategy):
+            raise ValueError(
+                f"training.checkpoint_every ({self.training.checkpoint_every}) is available for the ddp and fsdp "
+                f"strategies, not {self.strategy.kind!r} yet"
+            )
         return self
 
     def _strategy_fits(self) -> None:

@@ -10,6 +10,7 @@ metrics go through :mod:`torchyard.sdk` (``TORCHYARD_REDIS_URL``, ``TORCHYARD_RU
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -25,7 +26,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import torchyard
 from torchyard.spec import RunSpec
-from workers.runtime import strategies
+from workers.runtime import checkpoint, strategies
 from workers.runtime.calibrate import calibrate
 from workers.runtime.comm import CommTimer, memory_figures
 from workers.runtime.workloads import Batch, Workload, as_batch, build
@@ -43,8 +44,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def batches(workload: Workload, per_rank: int, rank: int, world: int, seed: int) -> Iterator[Batch]:
-    """This rank's shard of the data set, ``per_rank`` samples at a time, epoch after epoch."""
+def batches(workload: Workload, per_rank: int, rank: int, world: int, seed: int, skip: int = 0) -> Iterator[Batch]:
+    """This rank's shard of the data set, ``per_rank`` samples at a time, epoch after epoch,
+    starting after the first ``skip`` batches (a resumed run sees the data it would have seen)."""
     sampler: DistributedSampler[Batch] = DistributedSampler(
         workload.dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed
     )
@@ -54,11 +56,11 @@ def batches(workload: Workload, per_rank: int, rank: int, world: int, seed: int)
             "use a smaller batch_size or a larger data set"
         )
     loader = DataLoader(workload.dataset, batch_size=per_rank, sampler=sampler, drop_last=True, collate_fn=as_batch)
-    epoch = 0
+    epoch, offset = divmod(skip, len(loader))
     while True:
         sampler.set_epoch(epoch)
-        yield from loader
-        epoch += 1
+        yield from itertools.islice(loader, offset, None)
+        epoch, offset = epoch + 1, 0
 
 
 def train(spec: RunSpec) -> None:
@@ -85,7 +87,12 @@ def train(spec: RunSpec) -> None:
     strategy = strategies.build(spec, workload, device, timer, ddp_logging=ddp_logging)
     per_rank = t.batch_size // world if strategy.data_parallel else t.batch_size
     shard, shards = (rank, world) if strategy.data_parallel else (0, 1)
-    data = batches(workload, per_rank, shard, shards, t.seed)
+    checkpoints = checkpoint.directory()
+    resume = checkpoint.latest(checkpoints) if checkpoints else None
+    done = checkpoint.load(resume[1], strategy) if resume else 0
+    if resume:
+        say(f"rank {rank}/{world}: resumed from the checkpoint at step {done} ({resume[1]})")
+    data = batches(workload, per_rank, shard, shards, t.seed, skip=done)
     calibration = ", ".join(f"{size >> 10} KB {bw:.2f}" for size, bw in timer.calibration.items())
     say(
         f"rank {rank}/{world}: workload {workload.name}, strategy {strategy.describe()}, device {device}, "
@@ -110,7 +117,7 @@ def train(spec: RunSpec) -> None:
             torchyard.log(step, **scalars)
 
     started = time.perf_counter()
-    for step in range(1, t.steps + 1):
+    for step in range(done + 1, t.steps + 1):
         logged = step % t.log_every == 0 or step == t.steps
         t0 = time.perf_counter()
         batch = tuple(x.to(device, non_blocking=True) for x in next(data))
@@ -141,10 +148,15 @@ def train(spec: RunSpec) -> None:
                 shown = f"loss {loss_value:.4f}" if loss_value is not None else "(no loss on this stage)"
                 say(f"step {step}/{t.steps} {shown} {step_time * 1e3:.1f} ms/step")
         emit(timer.end_step())
+        if checkpoints and t.checkpoint_every and step % t.checkpoint_every == 0 and step < t.steps:
+            saved = checkpoint.save(checkpoints, step, strategy)
+            if rank == 0:
+                say(f"checkpoint saved at step {step}: {saved}")
     emit(timer.flush())
     strategy.close()
     elapsed = time.perf_counter() - started
-    say(f"rank {rank}/{world}: done, {t.steps} steps in {elapsed:.1f} s ({t.steps / elapsed:.2f} steps/s)")
+    ran = t.steps - done
+    say(f"rank {rank}/{world}: done, {ran} steps in {elapsed:.1f} s ({ran / max(elapsed, 1e-9):.2f} steps/s)")
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
