@@ -17,7 +17,7 @@ import redis
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from backend import bulk, lifecycle, rollups
+from backend import bulk, lifecycle, rollups, runs
 from backend.db import transaction
 from backend.models import Attempt, LogLine, Metric, Run, utcnow
 from torchyard import streams
@@ -97,6 +97,9 @@ def apply_report(session: Session, run_id: int, data: dict[str, Any]) -> None:
             lifecycle.transition(session, run, lifecycle.RUNNING, f"started on {data['node']}")
         return
     attempt.status, attempt.ended_at, attempt.returncode = data["status"], utcnow(), data.get("returncode")
+    if data.get("retryable") and data["status"] == lifecycle.FAILED:
+        runs.fail_or_restart(session, run, data.get("reason") or f"attempt {data['attempt']} lost its node")
+        return
     to = data["status"]
     if run.status == lifecycle.CANCELLING and to == lifecycle.FAILED:
         to = lifecycle.CANCELLED  # a rank killed by our own SIGTERM is a cancel, not a failure

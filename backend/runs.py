@@ -102,6 +102,27 @@ def latest_attempt(session: Session, run_id: int) -> Attempt | None:
     return session.scalar(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number.desc()).limit(1))
 
 
+def fail_or_restart(session: Session, run: Run, reason: str) -> None:
+    """The run's node failed it (lost, or its worker restarted), not its own code: a new attempt
+    resumes from the last checkpoint while the run has attempts left."""
+    if run.status == lifecycle.CANCELLING:
+        lifecycle.transition(session, run, lifecycle.CANCELLED, reason)
+        return
+    allowed = int(run.spec.get("training", {}).get("max_attempts", 1))
+    used = len(run.attempts)
+    if used < allowed and lifecycle.can_transition(run, lifecycle.RESTARTING):
+        lifecycle.transition(
+            session,
+            run,
+            lifecycle.RESTARTING,
+            f"{reason}; restarting from the last checkpoint (attempt {used + 1} of {allowed})",
+        )
+    elif lifecycle.can_transition(run, lifecycle.FAILED):
+        lifecycle.transition(
+            session, run, lifecycle.FAILED, f"{reason} (attempt {used} of {allowed}: no attempts left)"
+        )
+
+
 def request_cancel(session: Session, run: Run, reason: str) -> None:
     """queued runs are cancelled at once; placed ones go to ``cancelling`` until the worker has
     ended every process (it reports the exit, and ingest records ``cancelled``)."""

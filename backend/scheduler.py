@@ -14,7 +14,7 @@ import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from backend import lifecycle, nodes
+from backend import bundles, lifecycle, nodes, runs
 from backend.db import transaction
 from backend.models import Allocation, Attempt, Node, Run, utcnow
 from torchyard import streams
@@ -37,7 +37,9 @@ def place_queued_runs(session: Session) -> list[Placement]:
     alive = {n.id: n for n in session.scalars(select(Node).where(Node.status == "alive"))}
     free = nodes.free_slots(session)
     queued = session.scalars(
-        select(Run).where(Run.status == lifecycle.QUEUED).order_by(Run.priority.desc(), Run.created_at, Run.id)
+        select(Run)
+        .where(Run.status.in_((lifecycle.QUEUED, lifecycle.RESTARTING)))
+        .order_by(Run.priority.desc(), Run.created_at, Run.id)
     ).all()
     placements = []
     for run in queued:
@@ -51,8 +53,8 @@ def place_queued_runs(session: Session) -> list[Placement]:
             continue
         node = min(fitting, key=lambda n: (free[n.id], n.id))  # best fit keeps big holes for big runs
         number = len(run.attempts) + 1
-        attempt = Attempt(run_id=run.id, number=number, status=lifecycle.SCHEDULED)
-        session.add(attempt)
+        attempt = Attempt(number=number, status=lifecycle.SCHEDULED)
+        run.attempts.append(attempt)  # through the relationship, so run.attempts stays true
         session.flush()
         session.add(Allocation(attempt_id=attempt.id, node_id=node.id, node_rank=0, slots=need))
         free[node.id] -= need
@@ -80,8 +82,7 @@ def fail_runs_on_lost_nodes(session: Session, lost: list[Node], timeout_s: float
         if alloc.node_id in lost_ids:
             attempt = alloc.attempt
             attempt.status, attempt.ended_at = lifecycle.FAILED, utcnow()
-            to = lifecycle.CANCELLED if run.status == lifecycle.CANCELLING else lifecycle.FAILED
-            lifecycle.transition(session, run, to, f"node {alloc.node_id} lost: no heartbeat for {timeout_s:.0f}s")
+            runs.fail_or_restart(session, run, f"node {alloc.node_id} lost: no heartbeat for {timeout_s:.0f}s")
 
 
 def unclaimed_placements(session: Session, client: redis.Redis, older_than_s: float) -> list[Placement]:
@@ -102,9 +103,10 @@ def unclaimed_placements(session: Session, client: redis.Redis, older_than_s: fl
     ]
 
 
-def dispatch(client: redis.Redis, placements: list[Placement]) -> None:
+def dispatch(client: redis.Redis, placements: list[Placement], settings: Settings | None = None) -> None:
     from workers.celery_app import RUN_ATTEMPT_TASK, app, node_queue
 
+    settings = settings or get_settings()
     for p in placements:
         stream = streams.run_stream(p.run_id)
         try:
@@ -113,7 +115,11 @@ def dispatch(client: redis.Redis, placements: list[Placement]) -> None:
             if "BUSYGROUP" not in str(exc):
                 raise
         client.sadd(streams.ACTIVE_STREAMS, stream)
-        app.send_task(RUN_ATTEMPT_TASK, args=[p.run_id, p.attempt, p.spec], queue=node_queue(p.node_id))
+        args: list[object] = [p.run_id, p.attempt, p.spec]
+        workload = p.spec.get("workload", {})
+        if workload.get("kind") == "script":  # the worker fetches the code with this, no token needed
+            args.append(bundles.capability(settings, workload["bundle"]))
+        app.send_task(RUN_ATTEMPT_TASK, args=args, queue=node_queue(p.node_id))
         log.info("dispatched run %s attempt %s to %s", p.run_id, p.attempt, p.node_id)
 
 
@@ -126,7 +132,7 @@ def schedule_once(client: redis.Redis, settings: Settings) -> list[Placement]:
         lost_messages = unclaimed_placements(session, client, REDISPATCH_AFTER_S)
     for p in lost_messages:
         log.warning("run %s attempt %s was never claimed by %s: sending it again", p.run_id, p.attempt, p.node_id)
-    dispatch(client, placements + lost_messages)
+    dispatch(client, placements + lost_messages, settings)
     return placements
 
 

@@ -72,12 +72,13 @@ def test_up_serves_the_cli_and_ctrl_c_stops_every_process_it_started(tmp_path: P
             up.kill()
 
 
-def test_restarted_worker_ends_the_orphans_a_killed_worker_left(tmp_path: Path) -> None:
+def test_a_killed_worker_leaves_no_orphans_and_its_run_resumes_from_the_checkpoint(tmp_path: Path) -> None:
     redis = RedisServer(tmp_path / "redis").start()
     stack = start_stack(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", redis)
+    steps, every = 2000, 200
     try:
-        run = stack.client.submit(name="orphaned", steps=10_000_000, params={"hidden": 32})
-        wait_for(lambda: stack.client.run(run["id"])["last_step"] > 2, 60, "the run to train")
+        run = stack.client.submit(name="survivor", steps=steps, params={"hidden": 32}, checkpoint_every=every)
+        wait_for(lambda: stack.client.run(run["id"])["last_step"] > 2 * every + 50, 90, "a checkpoint and more steps")
         worker = psutil.Process(stack.stack.procs["worker"].pid)
         celery_tree = [worker, *worker.children(recursive=True)]
         celery_tree = [p for p in celery_tree if p not in run_processes(run["id"])]
@@ -90,11 +91,25 @@ def test_restarted_worker_ends_the_orphans_a_killed_worker_left(tmp_path: Path) 
         stack.stack.spawn("worker")
         _gone, alive = psutil.wait_procs(orphans, timeout=30)
         assert not alive, f"the restarted worker left orphans: {alive}"
-        failed = stack.client.wait_status(run["id"], {"failed"}, timeout=30)
-        assert "restarted" in failed["status_reason"] or "lost" in failed["status_reason"]
+        done = stack.client.wait_status(run["id"], {"succeeded"}, timeout=120)
+        assert done["attempt_count"] == 2
 
-        after = stack.client.submit(name="after-restart", steps=5)
-        stack.client.wait_status(after["id"], {"succeeded"}, timeout=60)
+        events = stack.client.http.get(f"/api/v1/runs/{run['id']}/events").json()
+        states = [e["to_status"] for e in events]
+        assert states[:3] == ["queued", "scheduled", "running"] and states[-1] == "succeeded"
+        restart = next(e for e in events if e["to_status"] == "restarting")
+        assert ("restarted" in restart["reason"] or "lost" in restart["reason"]) and "attempt 2 of 3" in restart[
+            "reason"
+        ]
+        logs = stack.client.http.get(f"/api/v1/runs/{run['id']}/logs", params={"limit": 10000}).json()
+        resumed = [line["text"] for line in logs if "resumed from the checkpoint at step" in line["text"]]
+        resumed_at = {int(t.split("resumed from the checkpoint at step ")[1].split()[0]) for t in resumed}
+        assert len(resumed_at) == 1 and resumed_at.pop() in range(2 * every, steps, every), resumed
+
+        # Every step has exactly one value per rank: the replayed steps show the newer attempt's.
+        series = stack.client.http.get(f"/api/v1/runs/{run['id']}/metrics", params={"key": "loss"}).json()
+        for rank in ("0", "1"):
+            assert series["ranks"][rank]["step"] == list(range(1, steps + 1))
     finally:
         stack.stack.stop()
         redis.stop()

@@ -129,3 +129,24 @@ def test_a_placement_no_worker_claimed_is_sent_again_but_a_claimed_one_is_not(se
     finally:
         server.stop()
     assert [(p.run_id, p.attempt, p.node_id) for p in again] == [(lost.id, 1, "n1")]
+
+
+def test_a_lost_node_restarts_its_runs_until_their_attempts_run_out(session: Session) -> None:
+    from backend.scheduler import fail_runs_on_lost_nodes
+
+    node = Node(id="n1", host="h", slots=4)
+    session.add(node)
+    spec = run_spec(name="r", procs=2, batch_size=16)
+    spec["training"]["max_attempts"] = 2
+    run = runs.create_run(session, RunSpec.model_validate(spec), None)
+    session.flush()
+
+    for attempt in (1, 2):
+        node.status = "alive"
+        assert [p.attempt for p in place_queued_runs(session)] == [attempt]
+        node.status = "lost"
+        fail_runs_on_lost_nodes(session, [node], timeout_s=15)
+    session.refresh(run)
+    events = [(e.to_status, e.reason) for e in runs.list_events(session, run.id)]
+    assert [s for s, _ in events] == ["queued", "scheduled", "restarting", "scheduled", "failed"]
+    assert "attempt 2 of 2" in events[2][1] and "no attempts left" in events[-1][1]

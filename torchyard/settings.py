@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import secrets
 import socket
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -41,9 +43,18 @@ class Settings(BaseSettings):
     cancel_grace_s: float = Field(2.0, ge=0, description="SIGTERM to SIGKILL grace on cancel")
     scheduler_interval_s: float = Field(1.0, gt=0, description="scheduler pass period")
     ingest_batch: int = Field(500, ge=1, description="stream entries per ingest transaction")
+    checkpoint_root: Path | None = Field(
+        None, description="run checkpoints (shared storage for multi-node); default state_dir/checkpoints"
+    )
     max_request_bytes: int = Field(1 << 20, ge=1024, description="largest request body the api accepts (413 above)")
     max_runs_in_flight: int = Field(50, ge=1, description="unfinished runs one token may have (429 above)")
     max_streams_per_token: int = Field(16, ge=1, description="live streams one token may hold open per api process")
+    max_bundle_bytes: int = Field(50 * 2**20, ge=1024, description="largest code bundle an upload may be (413 above)")
+    secret_key: str = Field(
+        "",
+        description="signs the capabilities workers fetch code bundles with; development: generated once and "
+        "kept in state_dir/secret_key; production: required",
+    )
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:
@@ -52,6 +63,11 @@ class Settings(BaseSettings):
                 raise ValueError("TORCHYARD_ENV=production needs TORCHYARD_DATABASE_URL (PostgreSQL), not SQLite")
             if not self.redis_url:
                 raise ValueError("TORCHYARD_ENV=production needs TORCHYARD_REDIS_URL")
+            if len(self.secret_key) < 32:
+                raise ValueError(
+                    "TORCHYARD_ENV=production needs TORCHYARD_SECRET_KEY (at least 32 characters, e.g. "
+                    "`python -c 'import secrets; print(secrets.token_urlsafe(48))'`)"
+                )
         return self
 
     @property
@@ -59,10 +75,40 @@ class Settings(BaseSettings):
         return self.database_url or f"sqlite:///{self.state_dir / 'torchyard.db'}"
 
     @property
+    def checkpoints(self) -> Path:
+        return self.checkpoint_root or self.state_dir / "checkpoints"
+
+    @property
     def devices(self) -> list[str]:
         if self.node_devices:
             return [d.strip() for d in self.node_devices.split(",") if d.strip()]
         return ["cpu", "cuda"] if _has_cuda() else ["cpu"]
+
+
+def secret_key(settings: Settings) -> bytes:
+    """TORCHYARD_SECRET_KEY, else (development) a random key made once and kept in the state
+    directory, so the api's restarts, and a scheduler sharing the directory, agree on it."""
+    if settings.secret_key:
+        return settings.secret_key.encode()
+    if settings.env == "production":  # the validator refuses this; never sign with a guessable key
+        raise RuntimeError("TORCHYARD_SECRET_KEY is required in production")
+    path = settings.state_dir / "secret_key"
+    try:
+        return path.read_bytes().strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # O_EXCL: two processes starting at once keep the first one's key
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        for _ in range(100):  # the other process may not have written it yet
+            if key := path.read_bytes().strip():
+                return key
+            time.sleep(0.02)
+        raise RuntimeError(f"{path} is empty: delete it, or set TORCHYARD_SECRET_KEY") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(48))
+    return path.read_bytes().strip()
 
 
 def _has_cuda() -> bool:

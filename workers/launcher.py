@@ -26,6 +26,7 @@ import redis
 
 from torchyard import streams
 from torchyard.settings import Settings
+from workers import code
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class Outcome:
     status: str  # succeeded | failed | cancelled
     returncode: int | None
     reason: str
+    retryable: bool = False  # the node failed, not the run: another attempt may succeed
 
 
 def stopping_marker(settings: Settings) -> Path:
@@ -69,10 +71,17 @@ def attempts_dir(settings: Settings) -> Path:
     return path
 
 
+def is_script(spec: dict) -> bool:
+    return bool(spec.get("workload", {}).get("kind") == "script")
+
+
 def training_env(settings: Settings, run_id: int, attempt: int, spec: dict, run_dir: Path) -> dict[str, str]:
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+    if is_script(spec):  # the instrumentation's sitecustomize first: unmodified scripts are measured too
+        env.update(PYTHONPATH=os.pathsep.join((str(code.INJECT_DIR), str(PROJECT_ROOT))), TORCHYARD_INSTRUMENT="1")
+    else:
+        env.update(PYTHONPATH=str(PROJECT_ROOT))
     env.update(
-        PYTHONPATH=str(PROJECT_ROOT),
         PYTHONUNBUFFERED="1",
         OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
         TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[torchyard-rank ${rank}]:",
@@ -81,17 +90,22 @@ def training_env(settings: Settings, run_id: int, attempt: int, spec: dict, run_
         TORCHYARD_ATTEMPT=str(attempt),
         TORCHYARD_SPEC=json.dumps(spec),
         TORCHYARD_RUN_DIR=str(run_dir),
+        TORCHYARD_CHECKPOINT_DIR=str(settings.checkpoints / str(run_id)),  # shared by the run's attempts
     )
     return env
 
 
 def torchrun_command(spec: dict, run_dir: Path) -> list[str]:
     res = spec["resources"]
+    if is_script(spec):  # as `torchrun ... train.py args` runs it, from the unpacked bundle (the cwd)
+        target = [str(run_dir / "code" / spec["workload"]["entry"]), *spec["workload"].get("args", [])]
+    else:
+        target = ["-m", "workers.runtime.train"]
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--standalone", "--nnodes", "1", "--nproc-per-node", str(res["procs_per_node"]),
         "--max-restarts", "0", "--tee", "3", "--log-dir", str(run_dir / "torchrun-logs"),
-        "-m", "workers.runtime.train",
+        *target,
     ]  # fmt: skip
 
 
@@ -178,14 +192,17 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def run_attempt(client: redis.Redis, settings: Settings, run_id: int, attempt: int, spec: dict) -> Outcome:
+def run_attempt(
+    client: redis.Redis, settings: Settings, run_id: int, attempt: int, spec: dict, bundle_capability: str | None = None
+) -> Outcome:
     """Runs the node's share of an attempt to its end; returns how it ended. Blocks."""
     run_dir = settings.state_dir / "runs" / str(run_id) / f"attempt-{attempt}"
     run_dir.mkdir(parents=True, exist_ok=True)
+    cwd = code.prepare(settings, spec["workload"], bundle_capability, run_dir) if is_script(spec) else run_dir
     proc = subprocess.Popen(
         torchrun_command(spec, run_dir),
         env=training_env(settings, run_id, attempt, spec, run_dir),
-        cwd=run_dir,
+        cwd=cwd,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -208,7 +225,8 @@ def run_attempt(client: redis.Redis, settings: Settings, run_id: int, attempt: i
         pump.join(timeout=10)
         record.unlink(missing_ok=True)
     if not cancelled and stopping_marker(settings).exists():
-        return Outcome("failed", proc.returncode, f"worker {settings.node_id} shut down while the run was training")
+        reason = f"worker {settings.node_id} shut down while the run was training"
+        return Outcome("failed", proc.returncode, reason, retryable=True)
     return _outcome(proc.returncode, cancelled, list(pump.tail))
 
 
@@ -256,6 +274,7 @@ def end_orphans(client: redis.Redis, settings: Settings) -> int:
             status="failed",
             returncode=None,
             reason=f"worker {settings.node_id} restarted; the attempt's processes were ended",
+            retryable=True,
         )
         record.unlink(missing_ok=True)
     return ended

@@ -23,7 +23,7 @@ def _redis() -> redis.Redis:
 
 
 @app.task(name=RUN_ATTEMPT_TASK)
-def run_attempt(run_id: int, attempt: int, spec: dict) -> str:
+def run_attempt(run_id: int, attempt: int, spec: dict, bundle_capability: str | None = None) -> str:
     settings, client = get_settings(), _redis()
     if not client.set(streams.attempt_claim_key(run_id, attempt), settings.node_id, nx=True, ex=7 * 86400):
         log.info("run %s attempt %s is already claimed: duplicate delivery ignored", run_id, attempt)
@@ -32,12 +32,12 @@ def run_attempt(run_id: int, attempt: int, spec: dict) -> str:
         outcome = launcher.Outcome("cancelled", None, "cancelled before it started")
     else:
         try:
-            outcome = launcher.run_attempt(client, settings, run_id, attempt, spec)
+            outcome = launcher.run_attempt(client, settings, run_id, attempt, spec, bundle_capability)
         except Exception:
             log.exception("launching run %s attempt %s failed", run_id, attempt)
             outcome = launcher.Outcome(
                 "failed", None, "the worker could not launch the run:\n" + traceback.format_exc()
             )
     launcher.report(client, run_id, attempt, settings.node_id, "exited", status=outcome.status,
-                    returncode=outcome.returncode, reason=outcome.reason)  # fmt: skip
+                    returncode=outcome.returncode, reason=outcome.reason, retryable=outcome.retryable)  # fmt: skip
     return outcome.status
