@@ -90,3 +90,10 @@ class MetricSeries(BaseModel):
 
 class Problem(BaseModel):
     detail: Any
+
+
+class BundleOut(BaseModel):
+    id: str  # the archive's sha256
+    size: int  # bytes
+    format: str  # zip | tar.gz
+    files: list[str]

@@ -34,7 +34,21 @@ def test_short_series_are_returned_whole() -> None:
 
 @pytest.mark.parametrize(
     "command",
-    "up api worker ingest scheduler migrate submit runs logs cancel token/create token/list token/revoke".split(),
+    [
+        "up",
+        "api",
+        "worker",
+        "ingest",
+        "scheduler",
+        "migrate",
+        "submit",
+        "runs",
+        "logs",
+        "cancel",
+        "token/create",
+        "token/list",
+        "token/revoke",
+    ],
 )
 def test_every_cli_command_has_help(command: str) -> None:
     result = CliRunner().invoke(main, [*command.split("/"), "--help"])

@@ -248,6 +248,64 @@ def _parse_param(text: str) -> tuple[str, Any]:
         return key, value
 
 
+@main.command("submit-script", context_settings={"ignore_unknown_options": True})
+@click.argument("source", type=click.Path(exists=True, path_type=Path))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--entry", required=True, help="the script to run, relative to SOURCE (e.g. train.py)")
+@click.option("--name", help="run name (default: the entry)")
+@click.option(
+    "--procs", type=int, default=2, show_default=True, help="processes per node (torchrun's --nproc-per-node)"
+)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--steps", type=int, default=100, show_default=True, help="steps you expect (progress display only)")
+@click.option("--follow", is_flag=True, help="stream its logs until it ends")
+@with_api
+def submit_script(
+    source: Path,
+    script_args: tuple[str, ...],
+    entry: str,
+    name: str | None,
+    procs: int,
+    device: str,
+    steps: int,
+    follow: bool,
+    api_url: str | None,
+    token: str | None,
+) -> None:
+    """Upload SOURCE (a folder, zipped here, or a .zip/.tar.gz) and run its ENTRY script as
+    torchrun would, with SCRIPT_ARGS (after --): `torchyard submit-script . --entry train.py -- --epochs 3`."""
+    client = Api(api_url, token)
+    data, filename = _bundle_bytes(source)
+    bundle = client.call("POST", "/api/v1/bundles", files={"file": (filename, data, "application/octet-stream")})
+    click.echo(f"bundle {bundle['id'][:12]} ({bundle['size']} bytes, {len(bundle['files'])} files)")
+    spec = {
+        "name": name or entry,
+        "workload": {"kind": "script", "bundle": bundle["id"], "entry": entry, "args": list(script_args)},
+        "resources": {"nodes": 1, "procs_per_node": procs, "device": device},
+        "training": {"steps": steps},
+    }
+    run = client.call("POST", "/api/v1/runs", json=spec)
+    click.echo(f"run {run['id']} {run['status']}: {run['name']}")
+    if follow:
+        sys.exit(_follow(client, run["id"]))
+
+
+def _bundle_bytes(source: Path) -> tuple[bytes, str]:
+    """An archive as is, or a folder zipped (without caches and hidden folders)."""
+    if source.is_file():
+        return source.read_bytes(), source.name
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(source.rglob("*")):
+            rel = path.relative_to(source)
+            if path.is_file() and not any(p.startswith(".") or p == "__pycache__" for p in rel.parts):
+                zf.write(path, rel.as_posix())
+    return buf.getvalue(), f"{source.resolve().name or 'code'}.zip"
+
+
 @main.command()
 @click.option("--status", default=None, help="comma list of states")
 @click.option("--name", default=None, help="substring of the name")

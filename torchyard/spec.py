@@ -54,7 +54,32 @@ class FailWorkload(_Strict):
     params: dict[str, int] = Field(default_factory=lambda: {"at_step": 1})
 
 
-Workload = Annotated[MlpWorkload | CharLMWorkload | FailWorkload, Field(discriminator="name")]
+BUNDLE_ID = r"^[0-9a-f]{64}$"
+
+
+class ScriptWorkload(_Strict):
+    """The user's own code: an uploaded bundle (``POST /api/v1/bundles``) whose ``entry`` script
+    runs as ``torchrun`` would run it, with ``args``. The script does its own parallelism (the
+    strategy must stay the default); step time, throughput and DDP communication are measured
+    without it changing a line, and whatever it logs with ``torchyard.log`` is kept too."""
+
+    kind: Literal["script"] = "script"
+    name: Literal["script"] = "script"
+    bundle: str = Field(..., pattern=BUNDLE_ID, description="the bundle's id (its sha256), from POST /api/v1/bundles")
+    entry: str = Field(..., min_length=1, max_length=1000, description="the script to run, a path inside the bundle")
+    args: list[Annotated[str, Field(max_length=10_000)]] = Field(
+        default_factory=list, max_length=1000, description="its command-line arguments"
+    )
+
+    @model_validator(mode="after")
+    def _entry_inside_bundle(self) -> ScriptWorkload:
+        parts = self.entry.replace("\\", "/").split("/")
+        if self.entry.startswith("/") or ".." in parts or not self.entry.endswith(".py"):
+            raise ValueError(f"workload.entry ({self.entry!r}) must be a relative path to a .py file inside the bundle")
+        return self
+
+
+Workload = Annotated[MlpWorkload | CharLMWorkload | FailWorkload | ScriptWorkload, Field(discriminator="name")]
 
 
 class DdpStrategy(_Strict):
@@ -131,12 +156,33 @@ class RunSpec(_Strict):
     resources: Resources = Resources()
     training: Training = Training()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _script_needs_no_name(cls, data: object) -> object:
+        """``{"kind": "script", ...}`` is enough: the union is told apart by ``name``."""
+        w = data.get("workload") if isinstance(data, dict) else None
+        if isinstance(data, dict) and isinstance(w, dict) and w.get("kind") == "script" and "name" not in w:
+            data = {**data, "workload": {**w, "name": "script"}}
+        return data
+
     @property
     def world_size(self) -> int:
         return self.resources.nodes * self.resources.procs_per_node
 
     @model_validator(mode="after")
     def _batch_splits_across_ranks(self) -> RunSpec:
+        if isinstance(self.workload, ScriptWorkload):
+            if not isinstance(self.strategy, DdpStrategy) or self.strategy.comm_hook != "allreduce":
+                raise ValueError(
+                    f"strategy.kind '{self.strategy.kind}' does not apply to workload.kind 'script': the script "
+                    "does its own parallelism (leave strategy out)"
+                )
+            if self.training.checkpoint_every:
+                raise ValueError(
+                    f"training.checkpoint_every ({self.training.checkpoint_every}) does not apply to workload.kind "
+                    "'script': a script saves its own checkpoints (a new attempt runs it again from the start)"
+                )
+            return self
         if self.training.batch_size % self.world_size:
             raise ValueError(
                 f"training.batch_size ({self.training.batch_size}) must be divisible by "
@@ -184,7 +230,7 @@ class RunSpec(_Strict):
                 )
 
 
-def pipeline_blocks(workload: MlpWorkload | CharLMWorkload | FailWorkload) -> int:
+def pipeline_blocks(workload: MlpWorkload | CharLMWorkload | FailWorkload | ScriptWorkload) -> int:
     """How many pipeline stages a built-in model splits into at most (whole layers per stage)."""
     if isinstance(workload, MlpWorkload):
         return workload.params.layers + 1  # each hidden Linear+ReLU, then the output Linear

@@ -115,6 +115,8 @@ class _LogPump:
     def __init__(self, client: redis.Redis, run_id: int, attempt: int, pipe: IO[bytes]) -> None:
         self.client, self.stream, self.attempt, self.pipe = client, streams.run_stream(run_id), attempt, pipe
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.rank_traceback: list[str] = []  # the first traceback a rank printed: the root cause
+        self._traceback_rank: int | None = None
         self.thread = threading.Thread(target=self._pump, name=f"logs-{run_id}", daemon=True)
         self.thread.start()
 
@@ -126,11 +128,20 @@ class _LogPump:
             match = RANK_PREFIX.match(text)
             rank, text = (int(match.group(1)), match.group(2)) if match else (-1, text)
             self.tail.append(text)
+            self._note_traceback(rank, text)
             batch.append([rank, time.time(), text])
             if time.monotonic() - last_flush >= LOG_FLUSH_S or len(batch) >= 500:
                 self._send(batch)
                 batch, last_flush = [], time.monotonic()
         self._send(batch)
+
+    def _note_traceback(self, rank: int, text: str) -> None:
+        if rank < 0 or len(self.rank_traceback) >= TAIL_LINES:
+            return
+        if self._traceback_rank is None and text.lstrip().startswith("Traceback (most recent call last)"):
+            self._traceback_rank = rank
+        if self._traceback_rank == rank:
+            self.rank_traceback.append(text)
 
     def _send(self, lines: list[list[object]]) -> None:
         if not lines:
@@ -227,7 +238,9 @@ def run_attempt(
     if not cancelled and stopping_marker(settings).exists():
         reason = f"worker {settings.node_id} shut down while the run was training"
         return Outcome("failed", proc.returncode, reason, retryable=True)
-    return _outcome(proc.returncode, cancelled, list(pump.tail))
+    # A script without torch's @record leaves the agent's summary without the error: take the rank's own.
+    tail = pump.rank_traceback if is_script(spec) and pump.rank_traceback else list(pump.tail)
+    return _outcome(proc.returncode, cancelled, tail)
 
 
 def _cancel_requested(client: redis.Redis, run_id: int) -> bool:

@@ -14,14 +14,14 @@ from sqlalchemy import func, select, tuple_
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from backend import lifecycle, metrics, runs
+from backend import bundles, lifecycle, metrics, runs
 from backend.db import get_sessionmaker
 from backend.deps import DB_INT_MAX, Member, RedisDep, RunDep, RunId, SessionDep, Viewer, get_async_redis
 from backend.models import Metric, Run
 from backend.schemas import EventOut, LogLineOut, MetricSeries, RunOut, RunPage
 from torchyard import streams
 from torchyard.settings import get_settings
-from torchyard.spec import RunSpec
+from torchyard.spec import RunSpec, ScriptWorkload
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 
@@ -46,6 +46,8 @@ def run_out(run: Run) -> RunOut:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RunOut)
 def submit_run(spec: RunSpec, session: SessionDep, redis: RedisDep, token: Member) -> RunOut:
+    if isinstance(spec.workload, ScriptWorkload):
+        bundles.check_script_or_422(get_settings(), spec.workload)
     run = runs.create_run(session, spec, token, get_settings().max_runs_in_flight)
     session.commit()  # durable before the scheduler hears of it
     redis.rpush(streams.SCHEDULER_WAKE, run.id)

@@ -1,0 +1,291 @@
+"""Step time, throughput and DDP communication of a user's script that does not change a line.
+
+Installed at start-up in every rank of a script run (``workers/inject/sitecustomize.py``); it waits
+for ``import torch`` (an import hook, so torch is never imported early) and then:
+
+- **step boundaries**: a global optimizer step post-hook (``register_optimizer_step_post_hook``);
+  step N runs from the end of step N−1's ``optimizer.step()`` to the end of its own (step 1 from
+  the script's first module forward). With several optimizers, the first one to step counts.
+- **communication**: DDP is wrapped so that, at its first forward, it registers torch's
+  all-reduce comm hook timed by :class:`workers.runtime.comm.CommTimer` (the same timer and
+  figures as the built-in workloads: ``comm_time_s``, ``exposed_comm_s``, ``comm_bytes``,
+  ``algbw_GBps``, ``busbw_GBps``). A hook the script registers itself is timed instead of ours
+  (bytes: the bucket's buffer; DDP's built-in C++ hooks are left untimed).
+- **throughput**: the samples of each step's training-mode forwards of the DDP module (the first
+  tensor argument's first dimension) give ``samples_per_s``; without DDP, ``steps_per_s``.
+
+Per rank and step it logs through the SDK: ``step_time_s``, ``samples_per_s`` or ``steps_per_s``,
+``max_rss_bytes``, and with DDP the comm figures, ``compute_time_s`` and ``comm_fraction``. On CUDA
+it synchronizes at each step's end (as the built-in loop does on logged steps).
+
+Any failure in here is printed once; the rank then goes on uninstrumented.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import importlib.abc
+import importlib.util
+import os
+import sys
+import time
+import traceback
+import weakref
+from typing import Any
+
+_RUNTIME = os.path.dirname(os.path.abspath(__file__))
+
+
+class _State:
+    def __init__(self) -> None:
+        self.disabled = False
+        self.torch: Any = None
+        self.comm: Any = None  # workers/runtime/comm.py, loaded by path
+        self.timer: Any = None
+        self.device: Any = None
+        self.step = 0  # the step being measured; 0 before the first forward
+        self.step_start = 0.0
+        self.samples = 0
+        self.primary: weakref.ref[Any] | None = None
+        self.comm_timed = False
+        self.pending: dict[int, dict[str, float]] = {}
+        self.first_forward: Any = None
+        self.exit_flush = False
+        self.register_original: Any = None  # DDP.register_comm_hook before our patch
+
+
+_state = _State()
+
+
+def _fail(where: str) -> None:
+    if not _state.disabled:
+        _state.disabled = True
+        sys.stderr.write(
+            f"torchyard: instrumentation failed in {where} and is off for this rank; training goes on\n"
+            + traceback.format_exc()
+        )
+        sys.stderr.flush()
+
+
+def install() -> None:
+    if "torch" in sys.modules:
+        _on_torch(sys.modules["torch"])
+    else:
+        sys.meta_path.insert(0, _TorchFinder())
+
+
+class _TorchFinder(importlib.abc.MetaPathFinder):
+    """Finds torch with the other finders, and patches it once its ``__init__`` has run."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, original = spec.loader, spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            _on_torch(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _on_torch(torch: Any) -> None:
+    try:
+        _state.torch = torch
+        comm_spec = importlib.util.spec_from_file_location("_torchyard_comm", os.path.join(_RUNTIME, "comm.py"))
+        assert comm_spec is not None and comm_spec.loader is not None
+        comm = importlib.util.module_from_spec(comm_spec)
+        sys.modules[comm_spec.name] = comm  # dataclasses look their module up here
+        comm_spec.loader.exec_module(comm)
+        _state.comm = comm
+        optimizer = importlib.import_module("torch.optim.optimizer")  # torch loads some submodules lazily
+        optimizer.register_optimizer_step_post_hook(_after_optimizer_step)
+        module = importlib.import_module("torch.nn.modules.module")
+        _state.first_forward = module.register_module_forward_pre_hook(_first_forward)
+        _patch_ddp(importlib.import_module("torch.nn.parallel.distributed").DistributedDataParallel)
+    except Exception:
+        _fail("setup")
+
+
+# ---- steps ----------------------------------------------------------------------------------
+
+
+def _first_forward(module: Any, args: Any) -> None:
+    try:
+        if _state.first_forward is not None:
+            _state.first_forward.remove()
+            _state.first_forward = None
+        if not _state.disabled and _state.step == 0:
+            _begin(1)
+    except Exception:
+        _fail("the first forward")
+
+
+def _begin(step: int) -> None:
+    if _state.timer is None:
+        dist = _state.torch.distributed
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        device = _state.device or _state.torch.device("cpu")
+        _state.timer = _state.comm.CommTimer(world, device)
+    _state.step, _state.samples = step, 0
+    _state.timer.begin_step(step)
+    _state.step_start = time.perf_counter()
+
+
+def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if _state.disabled:
+        return
+    try:
+        if _state.primary is None:
+            _state.primary = weakref.ref(optimizer)
+        elif _state.primary() is not optimizer:
+            return
+        if _state.step == 0:  # no forward before the first step: measure from here on
+            _begin(1)
+            return
+        device = _state.device
+        if device is not None and device.type == "cuda":
+            _state.torch.cuda.synchronize(device)
+        step_time = time.perf_counter() - _state.step_start
+        scalars = {"step_time_s": step_time}
+        if _state.samples:
+            scalars["samples_per_s"] = _state.samples / step_time
+        else:
+            scalars["steps_per_s"] = 1.0 / step_time
+        _state.pending[_state.step] = scalars
+        _emit(_state.timer.end_step())
+        _begin(_state.step + 1)
+    except Exception:
+        _fail("optimizer.step")
+
+
+def _emit(ready: list[tuple[int, dict[str, float]]]) -> None:
+    import torchyard
+
+    for step, comm in ready:
+        scalars = _state.pending.pop(step, None)
+        if scalars is None:
+            continue
+        if _state.comm_timed:
+            comm.pop("comm_ops", None)
+            comm.pop("busbw_efficiency", None)  # no calibration: it would run collectives the script did not
+            step_time = scalars["step_time_s"]
+            scalars["compute_time_s"] = max(0.0, step_time - comm["exposed_comm_s"])
+            scalars.update(comm)
+            scalars["comm_fraction"] = comm["exposed_comm_s"] / step_time if step_time > 0 else 0.0
+        scalars.update(_state.comm.memory_figures(_state.device or _state.torch.device("cpu")))
+        torchyard.log(step, **scalars)
+    if ready and not _state.exit_flush:
+        _state.exit_flush = True
+        atexit.register(_flush_at_exit)  # after the SDK's own: runs before it (atexit is LIFO)
+
+
+def _flush_at_exit() -> None:
+    try:
+        if not _state.disabled and _state.timer is not None:
+            _emit(_state.timer.flush())  # CUDA: the last step's events
+    except Exception:
+        _fail("exit")
+
+
+# ---- DDP ------------------------------------------------------------------------------------
+
+
+def _patch_ddp(ddp_class: Any) -> None:
+    init, register, register_builtin = (
+        ddp_class.__init__,
+        ddp_class.register_comm_hook,
+        ddp_class._register_builtin_comm_hook,
+    )
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if _state.disabled:
+            return
+        try:
+            self._torchyard_hooked = False
+            param = next(iter(self.module.parameters()), None)
+            if param is not None and (_state.device is None or param.device.type == "cuda"):
+                _state.device = param.device
+            self.register_forward_pre_hook(_ddp_forward, with_kwargs=True)
+            if int(os.environ.get("RANK", "0")) == 0:
+                print("torchyard: timing DDP communication and optimizer steps (no change to the script)", flush=True)
+        except Exception:
+            _fail("DistributedDataParallel()")
+
+    def register_comm_hook(self: Any, state: Any, hook: Any) -> Any:
+        if _state.disabled or getattr(self, "_torchyard_hooked", None) is None:
+            return register(self, state, hook)
+        self._check_comm_hook(hook)  # the script's own errors stay its own
+        self._torchyard_hooked = True
+        try:
+            wrapped = _timed_hook(hook)
+        except Exception:
+            _fail("register_comm_hook")
+            wrapped = hook
+        return register(self, state, wrapped)
+
+    def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> Any:
+        self._torchyard_hooked = True  # ours would collide with it; it stays untimed
+        return register_builtin(self, comm_hook_type)
+
+    __init__.__wrapped__ = init  # type: ignore[attr-defined]
+    ddp_class.__init__ = __init__
+    ddp_class.register_comm_hook = register_comm_hook
+    ddp_class._register_builtin_comm_hook = _register_builtin_comm_hook
+    _state.register_original = register
+
+
+def _ddp_forward(module: Any, args: Any, kwargs: Any) -> None:
+    if _state.disabled:
+        return
+    try:
+        if module._torchyard_hooked is False:
+            module._torchyard_hooked = True
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            _state.register_original(module, None, _timed_hook(default_hooks.allreduce_hook))
+        if module.training and _state.torch.is_grad_enabled():
+            for value in (*args, *kwargs.values()):
+                if isinstance(value, _state.torch.Tensor) and value.dim() > 0:
+                    _state.samples += int(value.shape[0])
+                    break
+    except Exception:
+        _fail("DDP forward")
+
+
+def _timed_hook(hook: Any) -> Any:
+    """``hook`` with each bucket's collective timed from the hook's call to its future's completion;
+    the last bucket marks the end of backward compute (exposed comm = the tail after it)."""
+    torch, comm = _state.torch, _state.comm
+    engine = torch.autograd.Variable._execution_engine
+
+    def timed_hook(state: Any, bucket: Any) -> Any:
+        timer = _state.timer
+        if _state.disabled or timer is None:
+            return hook(state, bucket)
+        try:
+            start, last = timer.now(), bucket.is_last()
+            if last:
+                engine.queue_callback(lambda: timer.expose_tail(timer.now()))
+            size = comm.tensor_bytes(bucket.buffer())
+        except Exception:
+            _fail("the comm hook")
+            return hook(state, bucket)
+        future = hook(state, bucket)
+        try:
+            return timer.track(comm.ALL_REDUCE, size, start, future)
+        except Exception:
+            _fail("the comm hook")
+            return future
+
+    timed_hook.__annotations__ = {}  # DDP checks annotations as objects; none is accepted
+    timed_hook.__qualname__ = getattr(hook, "__qualname__", "timed_hook")
+    _state.comm_timed = True
+    return timed_hook
