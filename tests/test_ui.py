@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.conftest import RunningStack, start_stack
-from torchyard.procs import RedisServer
+from torchyard.procs import RedisServer, wait_for
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 Page = playwright_sync.Page
@@ -73,6 +76,31 @@ def page(browser: Any, ui_stack: RunningStack) -> Iterator[Page]:
     yield pg
     context.close()
     assert not errors, f"uncaught errors in the page: {errors}"
+
+
+@pytest.fixture(scope="module")
+def shared_runs() -> dict[str, int]:
+    """Runs one test made and another reuses (a run costs seconds of process start-up)."""
+    return {}
+
+
+def long_run(ui_stack: RunningStack, shared_runs: dict[str, int]) -> int:
+    """A finished run of 3000 steps that logged every step: enough to zoom into."""
+    if "long" not in shared_runs:
+        run = ui_stack.client.submit(name="ui-long", steps=3000, params={"hidden": 16}, log_every=1)
+        shared_runs["long"] = run["id"]
+    ui_stack.client.wait_status(shared_runs["long"], {"succeeded"}, timeout=120)
+    return shared_runs["long"]
+
+
+# The loss series' live rows (those after the history the page read), through the page's
+# read-only debug hook: their steps and how many ranks' points each holds.
+LIVE_LOSS = """() => {
+  const s = window.__torchyard && window.__torchyard.series && window.__torchyard.series('loss');
+  if (!s) return null;
+  const i = s.x.findIndex((x) => x > s.historyUntil);
+  return i < 0 ? { x: [], n: [] } : { x: s.x.slice(i), n: s.n.slice(i) };
+}"""
 
 
 def shot(pg: Page, name: str) -> None:
@@ -201,3 +229,184 @@ def test_cluster_page_shows_the_node_and_its_slots(page: Page, ui_stack: Running
     expect(page.get_by_test_id("nodes")).to_contain_text(ui_stack.settings.node_id)
     expect(page.get_by_test_id("nodes")).to_contain_text("/ 4")
     shot(page, "cluster")
+
+
+@pytest.mark.timeout(120)
+def test_runs_list_rows_update_live_without_a_reload(
+    page: Page, ui_stack: RunningStack, shared_runs: dict[str, int]
+) -> None:
+    page.goto("/#/runs")
+    expect(page.get_by_test_id("runs-table").or_(page.get_by_text("No runs yet"))).to_be_visible()
+    page.evaluate("window.__sameDocument = true")  # gone if anything reloads the page
+    run = ui_stack.client.submit(name="ui-list-live", steps=3000, params={"hidden": 16}, log_every=1)
+    shared_runs["long"] = run["id"]
+    row = page.get_by_test_id(f"run-row-{run['id']}")
+    expect(row).to_contain_text("ui-list-live", timeout=10_000)
+    status = row.get_by_test_id("status")
+    # Mid-run the row shows it running with part of the steps done ...
+    page.wait_for_function(
+        """(id) => {
+          const row = document.querySelector(`[data-testid=run-row-${id}]`);
+          const bar = row && row.querySelector('[role=progressbar]');
+          return row.querySelector('[data-testid=status]').textContent === 'running'
+            && +bar.getAttribute('aria-valuenow') > 0 && +bar.getAttribute('aria-valuenow') < 100;
+        }""",
+        arg=run["id"],
+        timeout=60_000,
+    )
+    shot(page, "runs-live")
+    # ... and then succeeded at 100 %, all in the same document.
+    expect(status).to_have_text("succeeded", timeout=90_000)
+    expect(row.get_by_role("progressbar")).to_have_attribute("aria-valuenow", "100")
+    expect(row).to_contain_text("3,000 / 3,000")
+    assert page.evaluate("window.__sameDocument") is True
+
+
+@pytest.mark.timeout(120)
+def test_drag_zoom_fetches_the_finer_window_and_reset_returns_to_the_full_range(
+    page: Page, ui_stack: RunningStack, shared_runs: dict[str, int]
+) -> None:
+    run_id = long_run(ui_stack, shared_runs)
+    page.goto(f"/#/runs/{run_id}")
+    read_chart = "() => window.__torchyard.chart('chart-loss')"
+    page.wait_for_function(f"() => ({read_chart})()?.x.length > 100")
+    full = page.evaluate(read_chart)
+    assert full["x"][0] <= 5 and full["x"][-1] >= 2995 and len(full["x"]) < 1500  # downsampled
+
+    over = page.get_by_test_id("chart-loss").locator(".u-over")
+    box = over.bounding_box()
+    assert box
+    y = box["y"] + box["height"] / 2
+    with page.expect_response(
+        lambda r: "/metrics?" in r.url and "key=loss" in r.url and "step_min=" in r.url and "step_max=" in r.url
+    ) as response_info:
+        page.mouse.move(box["x"] + box["width"] * 0.40, y)
+        page.mouse.down()
+        page.mouse.move(box["x"] + box["width"] * 0.45, y, steps=4)
+        page.mouse.move(box["x"] + box["width"] * 0.50, y, steps=4)
+        page.mouse.up()
+    response = response_info.value
+    query = dict(re.findall(r"[?&](step_min|step_max)=(\d+)", response.url))
+    lo, hi = int(query["step_min"]), int(query["step_max"])
+    assert 900 < lo < hi < 1800 and hi - lo > 100
+    assert response.json()["bucket_steps"] == 1  # every step, not the rollups
+
+    expect(page.get_by_test_id("reset-zoom")).to_be_visible()
+    page.wait_for_function(
+        f"""([lo, hi]) => {{
+          const c = ({read_chart})();
+          return c && c.x.length > 0 && c.x[0] >= lo && c.x[c.x.length - 1] <= hi;
+        }}""",
+        arg=[lo, hi],
+    )
+    zoomed = page.evaluate(read_chart)
+    before = [x for x in full["x"] if lo <= x <= hi]
+    assert len(zoomed["x"]) > 3 * len(before), (len(zoomed["x"]), len(before))
+    assert zoomed["x"] == list(range(zoomed["x"][0], zoomed["x"][0] + len(zoomed["x"]))), "every step in the window"
+    assert zoomed["x"][0] - lo <= 1 and hi - zoomed["x"][-1] <= 1
+    shot(page, "run-detail-zoomed")
+
+    page.get_by_test_id("reset-zoom").click()
+    expect(page.get_by_test_id("reset-zoom")).to_have_count(0)
+    page.wait_for_function(f"() => ({read_chart})().x.length === {len(full['x'])}")
+    assert page.evaluate(read_chart)["x"] == full["x"]
+
+
+@pytest.mark.timeout(120)
+def test_x_axis_switches_between_step_and_wall_time(
+    page: Page, ui_stack: RunningStack, shared_runs: dict[str, int]
+) -> None:
+    run_id = long_run(ui_stack, shared_runs)
+    page.goto(f"/#/runs/{run_id}")
+    chart = page.get_by_test_id("chart-loss")
+    read_chart = "() => window.__torchyard.chart('chart-loss')"
+    page.wait_for_function(f"() => ({read_chart})()?.ticks.length > 1")
+    steps = page.evaluate(read_chart)
+    assert steps["mode"] == "step" and all(re.fullmatch(r"[\d,.]+k?", t) for t in steps["ticks"]), steps["ticks"]
+    expect(chart).to_have_attribute("data-x", "step")
+    expect(chart.locator(".u-legend")).to_contain_text("step")
+
+    page.get_by_test_id("x-time").click()
+    expect(chart).to_have_attribute("data-x", "time")
+    page.wait_for_function(f"() => ({read_chart})()?.mode === 'time' && ({read_chart})().ticks.length > 1")
+    wall = page.evaluate(read_chart)
+    assert all(re.fullmatch(r"\d\d:\d\d:\d\d", t) for t in wall["ticks"]), wall["ticks"]
+    # Wall time: unix seconds spanning the run, in order.
+    assert wall["x"][0] > 1.6e9 and wall["x"] == sorted(wall["x"]) and wall["x"][-1] - wall["x"][0] > 1
+    expect(chart.locator(".u-legend")).to_contain_text("time")
+    shot(page, "run-detail-wall-time")
+
+    page.get_by_test_id("x-step").click()
+    expect(chart).to_have_attribute("data-x", "step")
+    page.wait_for_function(f"() => ({read_chart})()?.mode === 'step' && ({read_chart})().ticks.length > 1")
+    assert page.evaluate(read_chart)["ticks"] == steps["ticks"]
+
+
+@pytest.mark.timeout(150)
+def test_a_lost_connection_shows_a_banner_and_the_stream_resumes_where_it_stopped(
+    page: Page, ui_stack: RunningStack
+) -> None:
+    client = ui_stack.client
+    run = client.submit(name="ui-reconnect", steps=1_000_000, params={"hidden": 16}, log_every=5)
+    client.wait_status(run["id"], {"running"})
+    stream_requests: list[Any] = []
+    page.on("request", lambda r: stream_requests.append(r) if f"/runs/{run['id']}/stream" in r.url else None)
+    page.goto(f"/#/runs/{run['id']}")
+    page.wait_for_function(f"() => ({LIVE_LOSS})()?.x.length > 20")
+    page.wait_for_function("() => window.__torchyard.stream().connected")
+    banner = page.get_by_test_id("offline-banner")
+    expect(banner).to_have_count(0)
+
+    # The api goes away: the page says so.
+    api = ui_stack.stack.procs["api"]
+    api.terminate()
+    try:
+        api.wait(5)
+    except subprocess.TimeoutExpired:  # uvicorn waits on the page's open stream: kill it
+        api.kill()
+        api.wait(10)
+    expect(banner).to_be_visible(timeout=15_000)
+    expect(banner).to_contain_text("Connection to the server lost")
+    shot(page, "run-detail-offline")
+    last_id = page.evaluate("() => window.__torchyard.stream().lastId")
+    seen = len(stream_requests)
+
+    # It comes back: the banner goes, and the same stream resumes after the last event it had.
+    ui_stack.stack.spawn("api")
+    wait_for(
+        lambda: _ready(ui_stack.url),
+        60,
+        "the restarted api's /readyz",
+        interval=0.2,
+    )
+    expect(banner).to_have_count(0, timeout=30_000)
+    at_return = page.evaluate(f"({LIVE_LOSS})()")
+    page.wait_for_function(
+        f"(n) => ({LIVE_LOSS})().x.length > n + 20 && window.__torchyard.stream().lastId !== {last_id!r}",
+        arg=len(at_return["x"]),
+        timeout=60_000,
+    )
+    state = page.evaluate("() => window.__torchyard.stream()")
+    assert state["connected"] and len(state["opens"]) == 1, state  # the browser's own reconnect, no new source
+    resumed = [r for r in stream_requests[seen:] if r.all_headers().get("last-event-id")]
+    assert resumed, [(r.url, r.all_headers()) for r in stream_requests]
+    assert resumed[-1].all_headers()["last-event-id"] == last_id
+
+    # No point lost or repeated across the gap: consecutive logged steps, each holding exactly
+    # one point from each of the two ranks (a repeated delivery would make it 3 or 4).
+    live = page.evaluate(f"({LIVE_LOSS})()")
+    xs, ns = live["x"][:-3], live["n"][:-3]  # the newest rows may still wait for a rank
+    assert xs[-1] > at_return["x"][-1]
+    assert [b - a for a, b in pairwise(xs)] == [5] * (len(xs) - 1), xs
+    assert set(ns) == {2}, [(x, n) for x, n in zip(xs, ns, strict=True) if n != 2]
+    shot(page, "run-detail-reconnected")
+
+    client.http.post(f"/api/v1/runs/{run['id']}/cancel").raise_for_status()
+    client.wait_status(run["id"], {"cancelled"}, timeout=60)
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -51,7 +51,13 @@ def api(host: str | None, port: int | None, scheduler: bool) -> None:
     if scheduler:
         threading.Thread(target=sched.serve, args=(stop,), name="scheduler", daemon=True).start()
     try:
-        uvicorn.run(create_app(), host=host or settings.host, port=port or settings.port, log_level="info")
+        uvicorn.run(
+            create_app(),
+            host=host or settings.host,
+            port=port or settings.port,
+            log_level="info",
+            timeout_graceful_shutdown=5,  # live streams of running runs would hold shutdown forever
+        )
     finally:
         stop.set()
 

@@ -2,6 +2,7 @@
 import { useEffect, useRef } from "preact/hooks";
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
+import { exposeChart } from "../lib/debug";
 import { fmtAxis, fmtNumber } from "../lib/format";
 
 export const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
@@ -41,6 +42,7 @@ export function Chart({ title, series, time = false, syncKey, height = 220, unit
     const el = box.current;
     if (!el) return;
     const width = Math.max(200, el.clientWidth);
+    let xTicks: string[] = []; // what the x axis last drew (read by the browser tests)
     const opts: uPlot.Options = {
       width,
       height,
@@ -51,7 +53,15 @@ export function Chart({ title, series, time = false, syncKey, height = 220, unit
       },
       scales: { x: { time } },
       axes: [
-        { stroke: "#64748b", grid: { stroke: "#eef2f7" }, ticks: { stroke: "#e2e8f0" } },
+        {
+          stroke: "#64748b",
+          grid: { stroke: "#eef2f7" },
+          ticks: { stroke: "#e2e8f0" },
+          label: time ? "wall time" : "step",
+          labelSize: 18,
+          labelFont: "11px system-ui, sans-serif",
+          values: (_u, vals) => (xTicks = vals.map((v) => (time ? fmtClockS(v) : fmtAxis(v)))),
+        },
         {
           stroke: "#64748b",
           grid: { stroke: "#eef2f7" },
@@ -89,6 +99,15 @@ export function Chart({ title, series, time = false, syncKey, height = 220, unit
     const plot = new uPlot(opts, empty, el);
     const h: ChartHandle = { plot, setData: (d) => plot.setData(d) };
     handle(h);
+    if (testId) {
+      exposeChart(testId, () => ({
+        x: Array.from(plot.data[0] ?? []),
+        min: plot.scales.x?.min ?? null,
+        max: plot.scales.x?.max ?? null,
+        mode: time ? "time" : "step",
+        ticks: xTicks.slice(),
+      }));
+    }
     const resize = new ResizeObserver(() => {
       const w = Math.max(200, el.clientWidth);
       if (Math.abs(w - plot.width) > 2) plot.setSize({ width: w, height });
@@ -97,15 +116,21 @@ export function Chart({ title, series, time = false, syncKey, height = 220, unit
     return () => {
       resize.disconnect();
       handle(null);
+      if (testId) exposeChart(testId, null);
       plot.destroy();
     };
     // eslint-disable-next-line react-hooks/exhaustive-deps
-  }, [seriesKey, time, syncKey, height]);
+  }, [seriesKey, time, syncKey, height, testId]);
 
   return (
-    <div class="chart" data-testid={testId}>
+    <div class="chart" data-testid={testId} data-x={time ? "time" : "step"}>
       <div class="chart-title">{title}</div>
       <div ref={box} class="chart-body" />
     </div>
   );
+}
+
+/** Unix seconds → "14:03:27" (local clock) for the wall-time axis. */
+function fmtClockS(seconds: number): string {
+  return new Date(seconds * 1000).toLocaleTimeString("en-GB", { hour12: false });
 }

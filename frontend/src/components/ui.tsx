@@ -38,7 +38,14 @@ export function ErrorBox({ error, retry }: { error: unknown; retry?: () => void 
 export function Progress({ value, total }: { value: number; total: number }) {
   const pct = total > 0 ? Math.min(100, (100 * value) / total) : 0;
   return (
-    <div class="progress" title={`${value} / ${total}`}>
+    <div
+      class="progress"
+      title={`${value} / ${total}`}
+      role="progressbar"
+      aria-valuemin={0}
+      aria-valuemax={100}
+      aria-valuenow={Math.round(pct)}
+    >
       <div class="progress-bar" style={{ width: `${pct}%` }} />
       <span class="progress-text">
         {value.toLocaleString("en-US")} / {total.toLocaleString("en-US")}

@@ -108,3 +108,15 @@ describe("compare", () => {
     expect(mean([1, null, 3])).toBe(2);
   });
 });
+
+describe("LiveSeries contributions", () => {
+  it("counts each rank's point per live row, so a repeated delivery shows", () => {
+    const s = new LiveSeries();
+    s.setHistory([1, 2], [10, 11], [1, 1]);
+    s.add(3, 12, 0.5);
+    s.add(3, 12, 0.7);
+    s.add(4, 13, 0.4);
+    expect(s.x).toEqual([1, 2, 3, 4]);
+    expect(s.contributions()).toEqual([0, 0, 2, 1]);
+  });
+});

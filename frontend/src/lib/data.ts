@@ -140,6 +140,11 @@ export class LiveSeries {
     });
   }
 
+  /** Live contributions per row (0 for history rows): one per rank that reported the step. */
+  contributions(): number[] {
+    return this.n.slice();
+  }
+
   get length(): number {
     return this.x.length;
   }

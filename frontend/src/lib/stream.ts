@@ -18,6 +18,9 @@ export class RunStream {
   private lastId: string;
   private closed = false;
   private retry: number | undefined;
+  /** Each connection the page opened itself (the browser's own reconnects are not in here). */
+  readonly opens: { since: string; at: number }[] = [];
+  connected = false;
 
   constructor(
     private runId: number,
@@ -32,9 +35,14 @@ export class RunStream {
     const url = `/api/v1/runs/${this.runId}/stream?since=${encodeURIComponent(this.lastId)}`;
     const source = new EventSource(url, { withCredentials: true });
     this.source = source;
-    source.onopen = () => setOnline(true);
+    this.opens.push({ since: this.lastId, at: Date.now() });
+    source.onopen = () => {
+      this.connected = true;
+      setOnline(true);
+    };
     source.onerror = () => {
       if (this.closed) return;
+      this.connected = false;
       setOnline(false);
       if (source.readyState === EventSource.CLOSED) {
         this.retry = window.setTimeout(() => this.open(), 2000);
@@ -55,6 +63,11 @@ export class RunStream {
     on<StateEvent>("state", this.handlers.state, (s) => {
       if (TERMINAL.has(s.status)) this.close(); // the server ends the stream after this
     });
+  }
+
+  /** Where the stream stands, for the browser tests' debug hook. */
+  debug(): { lastId: string; opens: { since: string; at: number }[]; connected: boolean; closed: boolean } {
+    return { lastId: this.lastId, opens: this.opens.slice(), connected: this.connected, closed: this.closed };
   }
 
   close(): void {

@@ -12,6 +12,7 @@ import {
 import { Chart, PALETTE, type ChartHandle, type SeriesDef } from "../components/Chart";
 import { ErrorBox, Loading, Progress, StatusBadge } from "../components/ui";
 import { LiveSeries, lastValue } from "../lib/data";
+import { expose } from "../lib/debug";
 import { fmtClock, fmtDuration, fmtSI, fmtTs } from "../lib/format";
 import { go } from "../lib/route";
 import { chartData, chartDefs, interpolate, type ChartDef } from "../lib/runview";
@@ -86,6 +87,7 @@ export function RunDetail({ id }: { id: number }) {
   const logBuf = useRef<LogLine[]>([]);
   const dirty = useRef(false);
   const zoomRef = useRef<[number, number] | null>(null);
+  const zoomSeries = useRef<Map<string, LiveSeries> | null>(null); // the server's finer window
   const keysRef = useRef<string[]>([]);
   const timeRef = useRef(false);
   zoomRef.current = zoom;
@@ -97,12 +99,14 @@ export function RunDetail({ id }: { id: number }) {
   defsRef.current = defs;
 
   const redraw = useCallback(() => {
-    if (zoomRef.current) return; // a zoomed window shows the server's finer data, not the live tail
+    // A zoomed window shows the server's finer data, not the live tail.
+    const source = zoomRef.current ? zoomSeries.current : series.current;
+    if (!source) return;
     const t0 = performance.now();
     for (const def of defsRef.current) {
       const chart = charts.current.get(def.id);
       if (!chart) continue;
-      const data = chartData(def, series.current, timeRef.current);
+      const data = chartData(def, source, timeRef.current);
       chart.setData(data);
       if (def.id === "loss" && data[0].length && !performance.getEntriesByName("ty:loss-drawn").length) {
         performance.mark("ty:loss-drawn"); // read by benchmarks/dashboard.py
@@ -158,6 +162,13 @@ export function RunDetail({ id }: { id: number }) {
     setKeys(null);
     setError(undefined);
     setZoom(null);
+    zoomRef.current = null;
+    zoomSeries.current = null;
+    expose("series", (key: string) => {
+      const s = series.current.get(key);
+      return s ? { x: s.x.slice(), n: s.contributions(), historyUntil: s.historyUntil } : null;
+    });
+    expose("stream", () => stream?.debug() ?? null);
 
     const onMetrics = (e: MetricsEvent) => {
       let n = 0;
@@ -238,6 +249,8 @@ export function RunDetail({ id }: { id: number }) {
     return () => {
       alive = false;
       stream?.close();
+      expose("series", null);
+      expose("stream", null);
       cancelAnimationFrame(frame);
       window.clearInterval(slow);
     };
@@ -265,6 +278,7 @@ export function RunDetail({ id }: { id: number }) {
       if (hi <= lo) return;
       setZoom([lo, hi]);
       zoomRef.current = [lo, hi];
+      zoomSeries.current = null;
       const px = chartPx();
       const all = [...new Set(defsRef.current.flatMap((d) => d.keys))];
       const windowSeries = new Map<string, LiveSeries>();
@@ -279,14 +293,16 @@ export function RunDetail({ id }: { id: number }) {
         }),
       );
       if (zoomRef.current?.[0] !== lo || zoomRef.current?.[1] !== hi) return;
-      for (const def of defsRef.current) charts.current.get(def.id)?.setData(chartData(def, windowSeries, timeRef.current));
+      zoomSeries.current = windowSeries;
+      redraw();
     },
-    [id],
+    [id, redraw],
   );
 
   const resetZoom = () => {
     setZoom(null);
     zoomRef.current = null;
+    zoomSeries.current = null;
     redraw();
   };
 
