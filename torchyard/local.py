@@ -121,10 +121,7 @@ class Stack:
     def _end_leftover_runs(self) -> None:
         from workers import launcher
 
-        for record in launcher.attempts_dir(self.settings).glob("*.json"):
-            info = json.loads(record.read_text())
-            if launcher.is_run_process(info["pgid"], info["run_id"]):
-                launcher.end_process_group(info["pgid"], self.settings.cancel_grace_s)
+        launcher.end_recorded_attempts(self.settings)
 
 
 def up(settings: Settings) -> int:

@@ -267,6 +267,14 @@ def _traceback_tail(tail: list[str]) -> str:
     return "\n".join(tail[-20:])
 
 
+def end_recorded_attempts(settings: Settings) -> None:
+    """Ends every process group this node's worker recorded and that still runs a run."""
+    for record in attempts_dir(settings).glob("*.json"):
+        info = json.loads(record.read_text())
+        if is_run_process(info["pgid"], info["run_id"]):
+            end_process_group(info["pgid"], settings.cancel_grace_s)
+
+
 def end_orphans(client: redis.Redis, settings: Settings) -> int:
     """A worker killed with -9 leaves its torchrun trees running: end them and report them."""
     ended = 0

@@ -64,7 +64,4 @@ def _on_shutdown(**_: Any) -> None:
     _stop.set()
     settings = get_settings()
     launcher.stopping_marker(settings).touch()
-    for record in launcher.attempts_dir(settings).glob("*.json"):
-        info = json.loads(record.read_text())
-        if launcher.is_run_process(info["pgid"], info["run_id"]):
-            launcher.end_process_group(info["pgid"], settings.cancel_grace_s)
+    launcher.end_recorded_attempts(settings)
