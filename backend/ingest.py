@@ -78,6 +78,8 @@ def apply_entries(session: Session, entries: Iterable[Entry]) -> int:
     rollups.merge(session, rollups.accumulate(inserted))  # type: ignore[arg-type]
     bulk.insert(session, LogLine.__table__, log_rows)  # type: ignore[arg-type]
     for run_id, step in last_step.items():
+        # last_step_at is the run's pulse (the watchdog's stall clock): any step counts, replayed ones too.
+        session.execute(update(Run).where(Run.id == run_id).values(last_step_at=utcnow()))
         session.execute(update(Run).where(Run.id == run_id, Run.last_step < step).values(last_step=step))
     for run_id, data in reports:
         apply_report(session, run_id, data)
@@ -85,22 +87,33 @@ def apply_entries(session: Session, entries: Iterable[Entry]) -> int:
 
 
 def apply_report(session: Session, run_id: int, data: dict[str, Any]) -> None:
-    """A worker's word on an attempt: it started, or it exited and how."""
+    """A worker's word on its node's share of an attempt: it started, or it exited and how. An
+    attempt succeeds when every node of its gang succeeded; the first share to end otherwise
+    ends the attempt (and, once committed, the rest of the gang)."""
     run = session.get(Run, run_id)
     attempt = session.scalar(select(Attempt).where(Attempt.run_id == run_id, Attempt.number == data["attempt"]))
-    if run is None or attempt is None or attempt.ended_at is not None:
-        return  # unknown, or already settled (a redelivered report)
+    if run is None or attempt is None:
+        return
+    share = next((a for a in attempt.allocations if a.node_id == data["node"]), None)
     if data["event"] == "started":
+        if attempt.ended_at is not None:
+            return  # a late node of a gang that already ended: the end key stops it
         if attempt.started_at is None:
             attempt.status, attempt.started_at = lifecycle.RUNNING, utcnow()
         if run.status == lifecycle.SCHEDULED:
             lifecycle.transition(session, run, lifecycle.RUNNING, f"started on {data['node']}")
         return
-    attempt.status, attempt.ended_at, attempt.returncode = data["status"], utcnow(), data.get("returncode")
-    if data.get("retryable") and data["status"] == lifecycle.FAILED:
+    if share is not None and share.ended_at is None:
+        share.exit_status, share.ended_at = data["status"], utcnow()  # its node's slots are free again
+    if attempt.ended_at is not None:
+        return  # already settled (a redelivered report, or a gang member ending after the first)
+    to = data["status"]
+    if to == lifecycle.SUCCEEDED and any(a.ended_at is None for a in attempt.allocations):
+        return  # the rest of the gang is still finishing
+    lifecycle.end_attempt(session, attempt, to, data.get("returncode"))
+    if data.get("retryable") and to == lifecycle.FAILED:
         runs.fail_or_restart(session, run, data.get("reason") or f"attempt {data['attempt']} lost its node")
         return
-    to = data["status"]
     if run.status == lifecycle.CANCELLING and to == lifecycle.FAILED:
         to = lifecycle.CANCELLED  # a rank killed by our own SIGTERM is a cancel, not a failure
     if lifecycle.can_transition(run, to):

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from backend.models import Run, RunEvent, utcnow
+from backend.models import Attempt, Run, RunEvent, utcnow
 from torchyard import streams
 
 QUEUED, SCHEDULED, RUNNING, SUCCEEDED, FAILED = "queued", "scheduled", "running", "succeeded", "failed"
@@ -57,6 +57,13 @@ def transition(session: Session, run: Run, to: str, reason: str = "") -> RunEven
     return ev
 
 
+def end_attempt(session: Session, attempt: Attempt, status: str, returncode: int | None = None) -> None:
+    """Ends an attempt on the server's side. Once this commits, every node still running a share
+    of it is told to stop: the first node of a gang to fail ends the gang."""
+    attempt.status, attempt.ended_at, attempt.returncode = status, utcnow(), returncode
+    session.info.setdefault("ended_attempts", []).append((attempt.run_id, attempt.number))
+
+
 # Live readers learn of a change only after it is durable: published on commit, never before.
 _publisher: Any = None  # a redis.Redis, set by the process that owns one (api, scheduler, ingest)
 
@@ -69,11 +76,14 @@ def set_publisher(client: Any) -> None:
 @event.listens_for(Session, "after_commit")
 def _publish_state_changes(session: Session) -> None:
     changes = session.info.pop("state_changes", [])
-    if _publisher is None or not changes:
+    ended = session.info.pop("ended_attempts", [])
+    if _publisher is None or not (changes or ended):
         return
     pipe = _publisher.pipeline(transaction=False)
     for run_id, data in changes:
         pipe.xadd(streams.run_stream(run_id), streams.encode(streams.STATE, data))
+    for run_id, number in ended:
+        pipe.set(streams.attempt_end_key(run_id, number), "1", ex=7 * 86400)
     try:
         pipe.execute()
     except Exception:  # the database holds the change; a live view re-reads it on reconnect
@@ -85,3 +95,4 @@ def _publish_state_changes(session: Session) -> None:
 @event.listens_for(Session, "after_rollback")
 def _forget_state_changes(session: Session) -> None:
     session.info.pop("state_changes", None)
+    session.info.pop("ended_attempts", None)

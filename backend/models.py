@@ -66,6 +66,7 @@ class Run(Base):
     started_at: Mapped[datetime | None]
     ended_at: Mapped[datetime | None]
     last_step: Mapped[int] = mapped_column(default=0)
+    last_step_at: Mapped[datetime | None]  # when last_step last grew: a stalled run is found by it
     attempts: Mapped[list[Attempt]] = relationship(back_populates="run", order_by="Attempt.number")
 
 
@@ -103,6 +104,10 @@ class Allocation(Base):
     node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), index=True)
     node_rank: Mapped[int]
     slots: Mapped[int]
+    # How this node's share ended (its worker's report): the attempt succeeds only when every
+    # node's share did; the first share to fail ends the attempt on every node.
+    exit_status: Mapped[str | None] = mapped_column(String(20))
+    ended_at: Mapped[datetime | None]
     attempt: Mapped[Attempt] = relationship(back_populates="allocations")
     node: Mapped[Node] = relationship()
 

@@ -11,7 +11,6 @@ import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from backend import lifecycle
 from backend.models import Allocation, Attempt, Node, Run
 from backend.schemas import NodeOut
 from torchyard import streams
@@ -46,11 +45,14 @@ def sync_from_heartbeats(session: Session, client: redis.Redis) -> list[Node]:
 
 
 def active_allocations(session: Session) -> list[tuple[Allocation, Run]]:
+    """Allocations whose node still runs its share: a node's slots stay held until its worker
+    reports the share's exit (or the node is lost), even when the attempt already ended
+    elsewhere in the gang, so a new run never lands on processes still winding down."""
     rows = session.execute(
         select(Allocation, Run)
         .join(Attempt, Allocation.attempt_id == Attempt.id)
         .join(Run, Attempt.run_id == Run.id)
-        .where(Attempt.ended_at.is_(None), Run.status.in_(lifecycle.ACTIVE))
+        .where(Allocation.ended_at.is_(None))
     ).all()
     return [(a, r) for a, r in rows]
 

@@ -30,9 +30,9 @@ def session(tmp_path: Path) -> Iterator[Session]:
     engine.dispose()
 
 
-def submit(session: Session, name: str, procs: int, priority: int = 0, age_s: int = 0) -> Run:
-    spec = run_spec(name=name, procs=procs, batch_size=procs * 8)
-    spec["resources"]["priority"] = priority
+def submit(session: Session, name: str, procs: int, priority: int = 0, age_s: int = 0, nodes: int = 1) -> Run:
+    spec = run_spec(name=name, procs=procs, batch_size=procs * nodes * 8)
+    spec["resources"].update(priority=priority, nodes=nodes)
     run = runs.create_run(session, RunSpec.model_validate(spec), None)
     run.created_at = utcnow() - timedelta(seconds=age_s)
     return run
@@ -69,7 +69,7 @@ def test_a_run_that_fits_nowhere_waits_with_the_reason(session: Session) -> None
         and "needs 4 slots" in too_big.status_reason
         and "has 2" in too_big.status_reason
     )
-    assert waits.status == lifecycle.QUEUED and "most free is 0 on n1" in waits.status_reason
+    assert waits.status == lifecycle.QUEUED and "0 node(s) have them free now" in waits.status_reason
 
 
 def test_no_alive_node_means_waiting(session: Session) -> None:
@@ -123,7 +123,7 @@ def test_a_placement_no_worker_claimed_is_sent_again_but_a_claimed_one_is_not(se
     server = RedisServer(tmp_path / "redis").start()
     try:
         client = redis.Redis.from_url(server.url)
-        client.set(streams.attempt_claim_key(claimed.id, 1), "n1")
+        client.set(streams.attempt_claim_key(claimed.id, 1, 0), "n1")
         assert unclaimed_placements(session, client, older_than_s=120) == []  # not stale yet
         again = unclaimed_placements(session, client, older_than_s=30)
     finally:
@@ -150,3 +150,93 @@ def test_a_lost_node_restarts_its_runs_until_their_attempts_run_out(session: Ses
     events = [(e.to_status, e.reason) for e in runs.list_events(session, run.id)]
     assert [s for s, _ in events] == ["queued", "scheduled", "restarting", "scheduled", "failed"]
     assert "attempt 2 of 2" in events[2][1] and "no attempts left" in events[-1][1]
+
+
+def allocations_of(session: Session, run: Run) -> list[tuple[str, int]]:
+    return sorted((a.node_id, a.node_rank) for attempt in run.attempts for a in attempt.allocations)
+
+
+def report_exit(session: Session, run: Run, node: str, status: str) -> None:
+    from backend.ingest import apply_report
+
+    apply_report(session, run.id, {"attempt": len(run.attempts), "node": node, "event": "exited", "status": status})
+    session.flush()
+
+
+def test_a_gang_gets_all_its_nodes_in_one_pass_or_none_and_never_a_partial_allocation(session: Session) -> None:
+    session.add_all([Node(id=n, host=f"10.0.0.{i}", slots=2) for i, n in enumerate(("a", "b", "c"), start=1)])
+    first = submit(session, "first", procs=2, nodes=2, age_s=10)
+    second = submit(session, "second", procs=2, nodes=2)
+    session.flush()
+
+    placed = place_queued_runs(session)
+
+    assert [(p.run_id, p.node_rank, p.nnodes) for p in placed] == [(first.id, 0, 2), (first.id, 1, 2)]
+    rank0 = next(p for p in placed if p.node_rank == 0)
+    assert {p.rdzv_host for p in placed} == {f"10.0.0.{'abc'.index(rank0.node_id) + 1}"}  # rank 0's address
+    assert len(allocations_of(session, first)) == 2 and allocations_of(session, second) == []
+    assert second.status == lifecycle.QUEUED
+    reason = second.status_reason
+    assert "needs 2 slots on each of 2 nodes" in reason and "1 node(s) have them free now" in reason
+
+    # Each node of the gang frees its slots when it reports; the run succeeds when all have.
+    lifecycle.transition(session, first, lifecycle.RUNNING)
+    done, still = placed[0].node_id, placed[1].node_id
+    report_exit(session, first, done, lifecycle.SUCCEEDED)
+    assert first.status == lifecycle.RUNNING  # the other node still trains
+    again = place_queued_runs(session)
+    assert {p.node_id for p in again} == {"abc".replace(still, "")[0], "abc".replace(still, "")[1]}
+    assert second.status == lifecycle.SCHEDULED
+    report_exit(session, first, still, lifecycle.SUCCEEDED)
+    assert first.status == lifecycle.SUCCEEDED
+
+
+def test_the_first_node_of_a_gang_to_fail_ends_the_attempt_and_the_rest_only_free_their_slots(session: Session) -> None:
+    session.add_all([Node(id="a", host="h1", slots=2), Node(id="b", host="h2", slots=2)])
+    run = submit(session, "gang", procs=2, nodes=2)
+    session.flush()
+    place_queued_runs(session)
+    lifecycle.transition(session, run, lifecycle.RUNNING)
+
+    report_exit(session, run, "a", lifecycle.FAILED)
+
+    assert run.status == lifecycle.FAILED and run.attempts[0].status == lifecycle.FAILED
+    assert session.info["ended_attempts"] == [(run.id, 1)]  # published on commit: node b stops
+    from backend.nodes import free_slots
+
+    assert free_slots(session) == {"a": 2, "b": 0}  # b's ranks are still winding down
+    report_exit(session, run, "b", lifecycle.FAILED)
+    assert free_slots(session) == {"a": 2, "b": 2} and run.status == lifecycle.FAILED
+
+
+def test_a_waiting_gang_holds_slots_so_smaller_runs_behind_it_cannot_starve_it(session: Session) -> None:
+    session.add_all([Node(id="a", host="h1", slots=2), Node(id="b", host="h2", slots=4)])
+    busy = submit(session, "busy", procs=2, age_s=30)
+    session.flush()
+    assert [p.node_id for p in place_queued_runs(session)] == ["a"]
+    big = submit(session, "big", procs=2, nodes=2, age_s=20)
+    small = submit(session, "small", procs=2, age_s=10)
+    gap = submit(session, "gap", procs=2, age_s=5)
+    session.flush()
+
+    placed = place_queued_runs(session)
+
+    # b has 4 free slots: 2 are held for the big run, so one small run fills the other 2, not both.
+    assert [p.run_id for p in placed] == [small.id] and placed[0].node_id == "b"
+    assert big.status == lifecycle.QUEUED and "holding 2 slots on b, a for it" in big.status_reason
+    assert gap.status == lifecycle.QUEUED and "hold slots for an earlier waiting run" in gap.status_reason
+
+    lifecycle.transition(session, busy, lifecycle.RUNNING)
+    report_exit(session, busy, "a", lifecycle.SUCCEEDED)
+    placed = place_queued_runs(session)
+    assert [(p.run_id, p.node_id) for p in placed] == [(big.id, "a"), (big.id, "b")]
+    assert gap.status == lifecycle.QUEUED  # b is full now: its turn comes when a slot frees
+
+
+def test_a_higher_priority_gang_goes_before_older_small_runs(session: Session) -> None:
+    session.add_all([Node(id="a", host="h1", slots=2), Node(id="b", host="h2", slots=2)])
+    old = submit(session, "old", procs=2, age_s=60)
+    urgent = submit(session, "urgent", procs=2, nodes=2, priority=5)
+    session.flush()
+    assert {p.run_id for p in place_queued_runs(session)} == {urgent.id}
+    assert old.status == lifecycle.QUEUED

@@ -16,9 +16,9 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -57,17 +57,21 @@ def redis_server_binary() -> str:
 
 
 class RedisServer:
-    """A private redis-server on 127.0.0.1 with an append-only file, so a restart keeps the
-    streams (a training run must survive its Redis restarting)."""
+    """A private redis-server on 127.0.0.1 (and any other ``addresses``) with an append-only
+    file, so a restart keeps the streams (a training run must survive its Redis restarting)."""
 
-    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+    def __init__(self, data_dir: Path, port: int | None = None, addresses: tuple[str, ...] = ()) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
+        self.addresses = ("127.0.0.1", *addresses)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return self.url_at("127.0.0.1")
+
+    def url_at(self, address: str) -> str:
+        return f"redis://{address}:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         import redis
@@ -79,7 +83,7 @@ class RedisServer:
                 "--port",
                 str(self.port),
                 "--bind",
-                "127.0.0.1",
+                *self.addresses,
                 "--save",
                 "",
                 "--appendonly",

@@ -133,7 +133,7 @@ Strategy = Annotated[
 
 
 class Resources(_Strict):
-    nodes: int = Field(1, ge=1, le=1, description="multi-node gang placement is not available yet")
+    nodes: int = Field(1, ge=1, le=64, description="nodes placed together: all at once or not at all (gang)")
     procs_per_node: int = Field(1, ge=1, le=256)
     device: Literal["cpu", "cuda"] = "cpu"
     priority: int = Field(0, ge=-100, le=100, description="higher runs first")
@@ -147,6 +147,13 @@ class Training(_Strict):
     log_every: int = Field(1, ge=1, description="log metrics every N steps")
     checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps (0: never)")
     max_attempts: int = Field(3, ge=1, le=100, description="attempts before a run whose node is lost fails")
+    max_restarts: int = Field(
+        0, ge=0, le=100, description="times torch elastic restarts a node's ranks after one crashes, within an attempt"
+    )
+    stall_timeout_s: float = Field(
+        0, ge=0, description="no step for this long: restart from the last checkpoint (0: never)"
+    )
+    max_duration_s: float = Field(0, ge=0, description="stop the run after running this long (0: no limit)")
 
 
 class RunSpec(_Strict):

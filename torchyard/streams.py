@@ -47,9 +47,21 @@ def cancel_key(run_id: int) -> str:
     return f"ty:cancel:{run_id}"
 
 
-def attempt_claim_key(run_id: int, attempt: int) -> str:
-    """SET NX by the worker that launches an attempt: a redelivered task finds it and stops."""
-    return f"ty:claim:{run_id}:{attempt}"
+def attempt_claim_key(run_id: int, attempt: int, node_rank: int = 0) -> str:
+    """SET NX by the worker that launches one node's share of an attempt: a redelivered task
+    finds it and stops."""
+    return f"ty:claim:{run_id}:{attempt}:{node_rank}"
+
+
+def attempt_end_key(run_id: int, attempt: int) -> str:
+    """Set once the server has ended an attempt (a node of its gang failed or was lost, it
+    stalled): every node still running a share of it stops. Polled by the launchers."""
+    return f"ty:attempt-ended:{run_id}:{attempt}"
+
+
+def rendezvous_key(run_id: int, attempt: int) -> str:
+    """``host:port`` of the c10d rendezvous store that node rank 0 of a gang opened."""
+    return f"ty:rdzv:{run_id}:{attempt}"
 
 
 def encode(entry_type: str, data: dict[str, Any]) -> dict[Any, Any]:

@@ -20,11 +20,12 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import redis
 
 from torchyard import streams
+from torchyard.procs import free_port
 from torchyard.settings import Settings
 from workers import code
 
@@ -95,18 +96,72 @@ def training_env(settings: Settings, run_id: int, attempt: int, spec: dict, run_
     return env
 
 
-def torchrun_command(spec: dict, run_dir: Path) -> list[str]:
-    res = spec["resources"]
+@dataclass(frozen=True)
+class Gang:
+    """This node's place in a multi-node attempt."""
+
+    node_rank: int = 0
+    nnodes: int = 1
+    rdzv_endpoint: str = ""  # host:port of the c10d store on node rank 0
+    local_addr: str = "127.0.0.1"  # this node's advertised address
+
+
+RDZV_JOIN_TIMEOUT_S = 300
+
+
+def torchrun_command(spec: dict, run_dir: Path, run_id: int, attempt: int, gang: Gang) -> list[str]:
+    res, training = spec["resources"], spec.get("training", {})
     if is_script(spec):  # as `torchrun ... train.py args` runs it, from the unpacked bundle (the cwd)
         target = [str(run_dir / "code" / spec["workload"]["entry"]), *spec["workload"].get("args", [])]
     else:
         target = ["-m", "workers.runtime.train"]
+    if gang.nnodes == 1:
+        rendezvous = ["--standalone", "--nnodes", "1"]
+    else:  # node rank 0 hosts the store on its own address; the others join it
+        rendezvous = [
+            "--nnodes",
+            str(gang.nnodes),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            gang.rdzv_endpoint,
+            "--rdzv-id",
+            f"run-{run_id}-attempt-{attempt}",
+            "--rdzv-conf",
+            f"is_host={str(gang.node_rank == 0).lower()},join_timeout={RDZV_JOIN_TIMEOUT_S}",
+            "--local-addr",
+            gang.local_addr,
+        ]
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--standalone", "--nnodes", "1", "--nproc-per-node", str(res["procs_per_node"]),
-        "--max-restarts", "0", "--tee", "3", "--log-dir", str(run_dir / "torchrun-logs"),
+        sys.executable, "-m", "torch.distributed.run", *rendezvous,
+        "--nproc-per-node", str(res["procs_per_node"]),
+        "--max-restarts", str(training.get("max_restarts", 0)),
+        "--tee", "3", "--log-dir", str(run_dir / "torchrun-logs"),
         *target,
     ]  # fmt: skip
+
+
+def join_gang(
+    client: redis.Redis, settings: Settings, run_id: int, attempt: int, node_rank: int, nnodes: int, rdzv_host: str
+) -> Gang | None:
+    """Node rank 0 picks a free port on its own address and publishes the endpoint; the others
+    wait for it. None: the run was cancelled or the attempt ended while waiting."""
+    if nnodes == 1:
+        return Gang(local_addr=settings.node_host)
+    key = streams.rendezvous_key(run_id, attempt)
+    if node_rank == 0:
+        endpoint = f"{settings.node_host}:{free_port(settings.node_host)}"
+        client.set(key, endpoint, ex=7 * 86400)
+        return Gang(0, nnodes, endpoint, settings.node_host)
+    deadline = time.monotonic() + RDZV_JOIN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if _should_stop(client, run_id, attempt):
+            return None
+        published: Any = client.get(key)
+        if published:
+            return Gang(node_rank, nnodes, published.decode(), settings.node_host)
+        time.sleep(0.2)
+    raise TimeoutError(f"node rank 0 ({rdzv_host}) did not open the rendezvous within {RDZV_JOIN_TIMEOUT_S}s")
 
 
 class _LogPump:
@@ -204,14 +259,21 @@ def _group_alive(pgid: int) -> bool:
 
 
 def run_attempt(
-    client: redis.Redis, settings: Settings, run_id: int, attempt: int, spec: dict, bundle_capability: str | None = None
+    client: redis.Redis,
+    settings: Settings,
+    run_id: int,
+    attempt: int,
+    spec: dict,
+    bundle_capability: str | None = None,
+    gang: Gang | None = None,
 ) -> Outcome:
     """Runs the node's share of an attempt to its end; returns how it ended. Blocks."""
+    gang = gang or Gang(local_addr=settings.node_host)
     run_dir = settings.state_dir / "runs" / str(run_id) / f"attempt-{attempt}"
     run_dir.mkdir(parents=True, exist_ok=True)
     cwd = code.prepare(settings, spec["workload"], bundle_capability, run_dir) if is_script(spec) else run_dir
     proc = subprocess.Popen(
-        torchrun_command(spec, run_dir),
+        torchrun_command(spec, run_dir, run_id, attempt, gang),
         env=training_env(settings, run_id, attempt, spec, run_dir),
         cwd=cwd,
         stdin=subprocess.DEVNULL,
@@ -223,18 +285,24 @@ def run_attempt(
     record.write_text(json.dumps({"run_id": run_id, "attempt": attempt, "pgid": proc.pid}))
     pump = _LogPump(client, run_id, attempt, proc.stdout)  # type: ignore[arg-type]
     report(client, run_id, attempt, settings.node_id, "started", pid=proc.pid)
-    cancelled = False
+    cancelled = ended_elsewhere = False
     try:
         while proc.poll() is None:
-            if not cancelled and _cancel_requested(client, run_id):
-                cancelled = True
-                end_process_group(proc.pid, settings.cancel_grace_s)
+            if not (cancelled or ended_elsewhere):
+                cancelled = _cancel_requested(client, run_id)
+                ended_elsewhere = not cancelled and _attempt_ended(client, run_id, attempt)
+                if cancelled or ended_elsewhere:
+                    end_process_group(proc.pid, settings.cancel_grace_s)
             time.sleep(0.2)
         # Ranks may have left children of their own (data loaders): the group goes with the run.
         end_process_group(proc.pid, 0.5)
     finally:
         pump.join(timeout=10)
         record.unlink(missing_ok=True)
+    if ended_elsewhere:
+        return Outcome(
+            "failed", proc.returncode, "the attempt ended elsewhere (another node of its gang, or the watchdog)"
+        )
     if not cancelled and stopping_marker(settings).exists():
         reason = f"worker {settings.node_id} shut down while the run was training"
         return Outcome("failed", proc.returncode, reason, retryable=True)
@@ -244,8 +312,20 @@ def run_attempt(
 
 
 def _cancel_requested(client: redis.Redis, run_id: int) -> bool:
+    return _flag(client, streams.cancel_key(run_id))
+
+
+def _attempt_ended(client: redis.Redis, run_id: int, attempt: int) -> bool:
+    return _flag(client, streams.attempt_end_key(run_id, attempt))
+
+
+def _should_stop(client: redis.Redis, run_id: int, attempt: int) -> bool:
+    return _cancel_requested(client, run_id) or _attempt_ended(client, run_id, attempt)
+
+
+def _flag(client: redis.Redis, key: str) -> bool:
     try:
-        return bool(client.exists(streams.cancel_key(run_id)))
+        return bool(client.exists(key))
     except redis.RedisError:
         return False  # Redis briefly away: keep training, ask again next tick
 

@@ -23,16 +23,29 @@ def _redis() -> redis.Redis:
 
 
 @app.task(name=RUN_ATTEMPT_TASK)
-def run_attempt(run_id: int, attempt: int, spec: dict, bundle_capability: str | None = None) -> str:
+def run_attempt(
+    run_id: int,
+    attempt: int,
+    spec: dict,
+    bundle_capability: str | None = None,
+    node_rank: int = 0,
+    nnodes: int = 1,
+    rdzv_host: str = "",
+) -> str:
     settings, client = get_settings(), _redis()
-    if not client.set(streams.attempt_claim_key(run_id, attempt), settings.node_id, nx=True, ex=7 * 86400):
-        log.info("run %s attempt %s is already claimed: duplicate delivery ignored", run_id, attempt)
+    claim = streams.attempt_claim_key(run_id, attempt, node_rank)
+    if not client.set(claim, settings.node_id, nx=True, ex=7 * 86400):
+        log.info("run %s attempt %s node rank %s is already claimed: duplicate ignored", run_id, attempt, node_rank)
         return "duplicate"
     if client.exists(streams.cancel_key(run_id)):
         outcome = launcher.Outcome("cancelled", None, "cancelled before it started")
     else:
         try:
-            outcome = launcher.run_attempt(client, settings, run_id, attempt, spec, bundle_capability)
+            gang = launcher.join_gang(client, settings, run_id, attempt, node_rank, nnodes, rdzv_host)
+            if gang is None:
+                outcome = launcher.Outcome("cancelled", None, "cancelled or ended while waiting for the gang")
+            else:
+                outcome = launcher.run_attempt(client, settings, run_id, attempt, spec, bundle_capability, gang)
         except Exception:
             log.exception("launching run %s attempt %s failed", run_id, attempt)
             outcome = launcher.Outcome(

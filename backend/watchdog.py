@@ -1,0 +1,38 @@
+"""Runs that hang or overstay: a running run with no step for ``training.stall_timeout_s`` is
+restarted from its last checkpoint (or failed once out of attempts), and one past
+``training.max_duration_s`` is stopped. Checked on every scheduler pass."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from backend import lifecycle, runs
+from backend.models import Run, utcnow
+
+
+def stop_stalled_and_overdue(session: Session) -> None:
+    now = utcnow()
+    running = session.scalars(
+        select(Run).where(Run.status == lifecycle.RUNNING).options(selectinload(Run.attempts))
+    ).all()
+    for run in running:
+        training = run.spec.get("training", {})
+        stall_s, max_s = float(training.get("stall_timeout_s") or 0), float(training.get("max_duration_s") or 0)
+        attempt = run.attempts[-1] if run.attempts else None
+        if attempt is None or attempt.ended_at is not None:
+            continue
+        if max_s and run.started_at and (now - run.started_at).total_seconds() > max_s:
+            lifecycle.end_attempt(session, attempt, lifecycle.FAILED)
+            lifecycle.transition(
+                session, run, lifecycle.FAILED, f"stopped: running longer than training.max_duration_s ({max_s:g} s)"
+            )
+            continue
+        pulse = max(t for t in (run.last_step_at, attempt.started_at, attempt.created_at) if t is not None)
+        if stall_s and (now - pulse).total_seconds() > stall_s:
+            lifecycle.end_attempt(session, attempt, lifecycle.FAILED)
+            runs.fail_or_restart(
+                session,
+                run,
+                f"stalled: no step for {stall_s:g} s (training.stall_timeout_s; last step {run.last_step})",
+            )
