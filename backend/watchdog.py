@@ -1,4 +1,5 @@
-"""Runs that hang or overstay: a running run with no step for ``training.stall_timeout_s`` is
+"""Runs that hang or overstay: a running run with no step for ``training.stall_timeout_s`` (once
+its attempt has made a first step) is
 restarted from its last checkpoint (or failed once out of attempts), and one past
 ``training.max_duration_s`` is stopped. Checked on every scheduler pass."""
 
@@ -28,8 +29,12 @@ def stop_stalled_and_overdue(session: Session) -> None:
                 session, run, lifecycle.FAILED, f"stopped: running longer than training.max_duration_s ({max_s:g} s)"
             )
             continue
-        pulse = max(t for t in (run.last_step_at, attempt.started_at, attempt.created_at) if t is not None)
-        if stall_s and (now - pulse).total_seconds() > stall_s:
+        # The clock starts at the attempt's first step: start-up (rendezvous, loading, calibration)
+        # varies with the cluster and is bounded by torch's own timeouts.
+        stepped = (
+            run.last_step_at is not None and attempt.started_at is not None and run.last_step_at > attempt.started_at
+        )
+        if stall_s and stepped and (now - run.last_step_at).total_seconds() > stall_s:  # type: ignore[operator]
             lifecycle.end_attempt(session, attempt, lifecycle.FAILED)
             runs.fail_or_restart(
                 session,

@@ -3,7 +3,7 @@
 - ``mlp``: synthetic classification; inputs from a seeded generator, labels from a fixed random
   "teacher" network, so the student's loss really falls;
 - ``charlm``: a small causal transformer over bytes of the Python standard library's own sources;
-- ``fail``: a tiny mlp that raises at ``params["at_step"]`` (what a failing run looks like).
+- ``fail``: a tiny mlp that raises (or hangs) at ``params.at_step`` (what a failing or hung run looks like).
 
 A strategy (``workers.runtime.strategies``) wraps ``Workload.model`` and feeds it batches made
 by ``Workload.dataset``: a map-style torch Dataset whose ``__getitems__`` returns a whole batch (a
@@ -14,6 +14,7 @@ Everything is built from ``training.seed`` alone: every rank builds the same mod
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from torchyard.spec import CharLMParams, MlpParams, RunSpec
+from torchyard.spec import CharLMParams, FailParams, MlpParams, RunSpec
 
 Batch = tuple[Tensor, ...]
 
@@ -208,13 +209,19 @@ def build_charlm(p: CharLMParams, seed: int) -> Workload:
 # -- fail --------------------------------------------------------------------------------------
 
 
-def build_fail(params: dict[str, int], seed: int) -> Workload:
-    at_step = int(params.get("at_step", 1))
+def build_fail(params: FailParams, seed: int) -> Workload:
     workload = build_mlp(MlpParams.model_validate({"hidden": 16, "layers": 1, "samples": 1024}), seed, name="fail")
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # how often torch elastic restarted us
+    fails_here = params.rank in (None, int(os.environ.get("RANK", "0"))) and (
+        not params.times or restarts < params.times
+    )
 
     def before_step(step: int) -> None:
-        if step == at_step:
-            raise RuntimeError(f"workload 'fail' raised at step {at_step}")
+        if step != params.at_step or not fails_here:
+            return
+        if params.hang:
+            threading.Event().wait()  # a deadlock, as a stuck collective looks from outside
+        raise RuntimeError(f"workload 'fail' raised at step {params.at_step} (start {restarts + 1})")
 
     workload.before_step = before_step
     return workload

@@ -1,0 +1,101 @@
+"""What goes wrong inside a live node: a rank that crashes is restarted by torch elastic and
+resumes from the checkpoint; a hung run is found by the watchdog and restarted, then failed; a
+run past its max_duration is stopped. Every time, no process of the run is left behind."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.conftest import RunningStack, run_spec, start_stack
+from tests.test_e2e import run_processes
+from torchyard.procs import RedisServer
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    tmp = tmp_path_factory.mktemp("recovery")
+    redis = RedisServer(tmp / "redis").start()
+    running = start_stack(tmp, f"sqlite:///{tmp / 'db.sqlite'}", redis)
+    yield running
+    running.stack.stop()
+    redis.stop()
+
+
+def submit(stack: RunningStack, spec: dict[str, Any]) -> int:
+    response = stack.client.http.post("/api/v1/runs", json=spec)
+    assert response.status_code == 201, response.text
+    return int(response.json()["id"])
+
+
+def fail_spec(name: str, steps: int, **params: Any) -> dict[str, Any]:
+    spec = run_spec(name=name, workload="fail", steps=steps)
+    spec["workload"]["params"] = params
+    return spec
+
+
+def losses_per_rank_and_step(stack: RunningStack, run_id: int) -> dict[str, list[int]]:
+    series = stack.client.http.get(f"/api/v1/runs/{run_id}/metrics", params={"key": "loss"}).json()
+    return {rank: list(points["step"]) for rank, points in series["ranks"].items()}
+
+
+def assert_no_process_left(run_id: int) -> None:
+    _gone, alive = psutil.wait_procs(run_processes(run_id), timeout=15)
+    assert not alive, f"left running: {alive}"
+
+
+def test_a_crashed_rank_is_restarted_by_torch_elastic_and_resumes_from_the_checkpoint(stack: RunningStack) -> None:
+    spec = fail_spec("crash-once", steps=30, at_step=15, rank=1, times=1)
+    spec["training"].update(max_restarts=1, checkpoint_every=10)
+    run_id = submit(stack, spec)
+    done = stack.client.wait_status(run_id, {"succeeded"}, timeout=180)
+    assert done["attempt_count"] == 1  # the node's agent handled it: no new attempt was needed
+
+    logs = [
+        line["text"] for line in stack.client.http.get(f"/api/v1/runs/{run_id}/logs", params={"limit": 5000}).json()
+    ]
+    assert any("workload 'fail' raised at step 15 (start 1)" in t for t in logs)
+    assert any("resumed from the checkpoint at step 10" in t for t in logs)
+    steps = losses_per_rank_and_step(stack, run_id)
+    assert {rank: sorted(s) for rank, s in steps.items()} == {"0": list(range(1, 31)), "1": list(range(1, 31))}
+    assert_no_process_left(run_id)
+
+
+def test_a_crash_beyond_max_restarts_fails_the_run_with_the_traceback(stack: RunningStack) -> None:
+    spec = fail_spec("crash-always", steps=20, at_step=5, rank=0)
+    spec["training"]["max_restarts"] = 1
+    run_id = submit(stack, spec)
+    failed = stack.client.wait_status(run_id, {"failed"}, timeout=120)
+    assert "workload 'fail' raised at step 5 (start 2)" in failed["status_reason"]  # restarted once, then gave up
+    assert_no_process_left(run_id)
+
+
+def test_a_hung_run_is_restarted_by_the_watchdog_then_failed_when_out_of_attempts(stack: RunningStack) -> None:
+    spec = fail_spec("hangs", steps=50, at_step=5, hang=True)
+    spec["training"].update(stall_timeout_s=4, max_attempts=2)
+    run_id = submit(stack, spec)
+    failed = stack.client.wait_status(run_id, {"failed"}, timeout=150)
+    assert "stalled: no step for 4 s" in failed["status_reason"] and "no attempts left" in failed["status_reason"]
+    events = stack.client.http.get(f"/api/v1/runs/{run_id}/events").json()
+    assert [e["to_status"] for e in events] == [
+        "queued", "scheduled", "running", "restarting", "scheduled", "running", "failed",
+    ]  # fmt: skip
+    assert "last step 4" in events[3]["reason"]
+    assert_no_process_left(run_id)
+
+
+def test_a_run_past_its_max_duration_is_stopped(stack: RunningStack) -> None:
+    spec = run_spec(name="overstays", steps=10_000_000, params={"hidden": 16})
+    spec["training"]["max_duration_s"] = 12
+    run_id = submit(stack, spec)
+    failed = stack.client.wait_status(run_id, {"failed"}, timeout=90)
+    assert "running longer than training.max_duration_s (12 s)" in failed["status_reason"]
+    assert failed["last_step"] > 0
+    assert_no_process_left(run_id)
+    nodes = stack.client.http.get("/api/v1/nodes").json()
+    assert all(n["running_runs"] == [] for n in nodes)
