@@ -157,3 +157,34 @@ def run_processes(run_id: int) -> list[psutil.Process]:
         except (OSError, psutil.Error):
             continue
     return found
+
+
+def test_a_node_whose_network_is_cut_is_lost_and_the_run_resumes_on_other_nodes(cluster: Cluster) -> None:
+    steps, every = 800, 100
+    run_id = cluster.submit("survives-a-cut", nodes=2, procs=2, steps=steps, checkpoint_every=every)
+    wait_for(lambda: cluster.client.run(run_id)["last_step"] > every + 20, 180, "a checkpoint to be written")
+    gang = cluster.client.run(run_id)["node_ids"]
+    victim = sorted(gang)[-1]
+    host = cluster.network.hosts[int(victim.split("-")[1])]
+    host.cut()
+    try:
+        restarted = cluster.client.wait_status(run_id, {"restarting", "scheduled", "running"}, timeout=5)
+        wait_for(lambda: cluster.client.run(run_id)["attempt_count"] == 2, 60, "a second attempt on the nodes left")
+        second = cluster.client.run(run_id)
+        assert victim not in second["node_ids"] and len(second["node_ids"]) == 2, (restarted, second)
+    finally:
+        host.reconnect()  # the cut node comes back: its worker must end the ranks it left hanging
+    done = cluster.client.wait_status(run_id, {"succeeded"}, timeout=240)
+    assert done["attempt_count"] == 2
+
+    events = cluster.client.http.get(f"/api/v1/runs/{run_id}/events").json()
+    lost = next(e for e in events if e["to_status"] == "restarting")
+    assert f"node {victim} lost" in lost["reason"]
+    logs = cluster.client.http.get(f"/api/v1/runs/{run_id}/logs", params={"limit": 10000}).json()
+    assert any("resumed from the checkpoint at step" in line["text"] and line["attempt"] == 2 for line in logs)
+    series = cluster.client.http.get(f"/api/v1/runs/{run_id}/metrics", params={"key": "loss"}).json()
+    assert {rank: len(points["step"]) for rank, points in series["ranks"].items()} == {
+        str(r): steps for r in range(4)
+    }  # one value per rank and step: replayed steps count once
+    wait_for(lambda: cluster.node(victim).get("status") == "alive", 60, f"{victim} to heartbeat again")
+    wait_for(lambda: not run_processes(run_id), 60, "the cut node's ranks to be ended")
