@@ -14,7 +14,7 @@ from fastapi.staticfiles import StaticFiles
 
 from backend import lifecycle
 from backend.deps import get_redis
-from backend.routes import bundles, health, nodes, prometheus, runs, session, tokens
+from backend.routes import bundles, checkpoints, health, nodes, prometheus, runs, session, tokens
 from backend.runs import InvalidRequest, LimitExceeded, NotFound
 from torchyard.settings import get_settings
 
@@ -36,7 +36,7 @@ def create_app() -> FastAPI:
         max_body_size=get_settings().max_request_bytes,
         lifespan=_lifespan,
     )
-    for module in (health, runs, nodes, session, tokens, prometheus, bundles):
+    for module in (health, runs, checkpoints, nodes, session, tokens, prometheus, bundles):
         app.include_router(module.router)
 
     @app.exception_handler(NotFound)

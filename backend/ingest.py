@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import redis
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from backend import bulk, lifecycle, rollups, runs
@@ -38,12 +38,16 @@ def apply_entries(session: Session, entries: Iterable[Entry]) -> int:
     metric_rows: list[dict[str, Any]] = []
     log_rows: list[dict[str, Any]] = []
     last_step: dict[int, int] = {}
+    first_step: dict[tuple[int, int], int] = {}  # (run, attempt) → the smallest step in this batch
     reports: list[tuple[int, dict[str, Any]]] = []
     for stream, entry_id, fields in entries:
         run_id = streams.run_id_of(stream)
         entry_type, data = streams.decode(fields)
         if entry_type == streams.METRICS:
             attempt, rank = data["attempt"], data["rank"]
+            if data["points"]:
+                first = min(point[0] for point in data["points"])
+                first_step[run_id, attempt] = min(first_step.get((run_id, attempt), first), first)
             for step, ts, values in data["points"]:
                 last_step[run_id] = max(last_step.get(run_id, 0), step)
                 metric_rows.extend(
@@ -81,6 +85,13 @@ def apply_entries(session: Session, entries: Iterable[Entry]) -> int:
         # last_step_at is the run's pulse (the watchdog's stall clock): any step counts, replayed ones too.
         session.execute(update(Run).where(Run.id == run_id).values(last_step_at=utcnow()))
         session.execute(update(Run).where(Run.id == run_id, Run.last_step < step).values(last_step=step))
+    for (run_id, number), step in first_step.items():
+        session.execute(
+            update(Attempt)
+            .where(Attempt.run_id == run_id, Attempt.number == number)
+            .where(or_(Attempt.first_step.is_(None), Attempt.first_step > step))
+            .values(first_step=step)
+        )
     for run_id, data in reports:
         apply_report(session, run_id, data)
     return len(inserted)
@@ -96,6 +107,8 @@ def apply_report(session: Session, run_id: int, data: dict[str, Any]) -> None:
         return
     share = next((a for a in attempt.allocations if a.node_id == data["node"]), None)
     if data["event"] == "started":
+        if share is not None and share.started_at is None:
+            share.started_at = utcnow()
         if attempt.ended_at is not None:
             return  # a late node of a gang that already ended: the end key stops it
         if attempt.started_at is None:

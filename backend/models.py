@@ -81,6 +81,8 @@ class Attempt(Base):
     started_at: Mapped[datetime | None]
     ended_at: Mapped[datetime | None]
     returncode: Mapped[int | None]
+    # The first step it logged: where a resumed attempt took over (the boundary the charts draw).
+    first_step: Mapped[int | None] = mapped_column(BigInteger)
     run: Mapped[Run] = relationship(back_populates="attempts")
     allocations: Mapped[list[Allocation]] = relationship(back_populates="attempt")
 
@@ -106,6 +108,7 @@ class Allocation(Base):
     slots: Mapped[int]
     # How this node's share ended (its worker's report): the attempt succeeds only when every
     # node's share did; the first share to fail ends the attempt on every node.
+    started_at: Mapped[datetime | None]  # its worker reported the share started
     exit_status: Mapped[str | None] = mapped_column(String(20))
     ended_at: Mapped[datetime | None]
     attempt: Mapped[Attempt] = relationship(back_populates="allocations")

@@ -130,6 +130,7 @@ def unclaimed_placements(session: Session, client: redis.Redis, older_than_s: fl
         .join(Run, Attempt.run_id == Run.id)
         .where(
             Attempt.ended_at.is_(None),
+            Allocation.started_at.is_(None),  # a share that started is never sent twice
             Allocation.ended_at.is_(None),
             Attempt.created_at < cutoff,
             Run.status.in_((lifecycle.SCHEDULED, lifecycle.RUNNING)),  # one node of a gang may start late

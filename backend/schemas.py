@@ -12,6 +12,16 @@ class _FromRow(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
 
+class AttemptOut(BaseModel):
+    number: int
+    status: str
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    first_step: int | None  # where it took over: a resumed attempt replays from its checkpoint's step
+    node_ids: list[str]  # by node rank: the first hosts the rendezvous
+
+
 class RunOut(BaseModel):
     id: int
     name: str
@@ -24,7 +34,8 @@ class RunOut(BaseModel):
     ended_at: datetime | None
     last_step: int
     attempt_count: int
-    node_ids: list[str]
+    node_ids: list[str]  # the latest attempt's, by node rank
+    attempts: list[AttemptOut]
     # Filled in the runs list only (one query for the page): at the run's last step.
     samples_per_s: float | None = None  # all ranks together
     comm_fraction: float | None = None  # mean over ranks; None until the run reports it
@@ -97,3 +108,10 @@ class BundleOut(BaseModel):
     size: int  # bytes
     format: str  # zip | tar.gz
     files: list[str]
+
+
+class CheckpointOut(BaseModel):
+    step: int
+    size_bytes: int  # the files' bytes; the tar download is slightly larger (headers)
+    files: int
+    created_at: datetime  # when it was completed

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from tests import netns
 from tests.conftest import Client, RunningStack, run_spec
+from tests.test_e2e import run_processes
 from torchyard.local import Stack
 from torchyard.procs import RedisServer, free_port, wait_for
 from torchyard.settings import Settings, settings_env
@@ -148,17 +148,6 @@ def test_two_gangs_on_three_nodes_take_turns_and_never_hold_a_partial_allocation
     assert any("needs 2 slots on each of 2 nodes" in r for r in waiting_reasons), waiting_reasons[-3:]
 
 
-def run_processes(run_id: int) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if f"TORCHYARD_RUN_ID={run_id}".encode() in Path(f"/proc/{proc.pid}/environ").read_bytes():
-                found.append(proc)
-        except (OSError, psutil.Error):
-            continue
-    return found
-
-
 def test_a_node_whose_network_is_cut_is_lost_and_the_run_resumes_on_other_nodes(cluster: Cluster) -> None:
     steps, every = 800, 100
     run_id = cluster.submit("survives-a-cut", nodes=2, procs=2, steps=steps, checkpoint_every=every)
@@ -176,6 +165,9 @@ def test_a_node_whose_network_is_cut_is_lost_and_the_run_resumes_on_other_nodes(
         host.reconnect()  # the cut node comes back: its worker must end the ranks it left hanging
     done = cluster.client.wait_status(run_id, {"succeeded"}, timeout=240)
     assert done["attempt_count"] == 2
+    first, second_attempt = done["attempts"]
+    assert first["first_step"] == 1 and victim in first["node_ids"] and first["status"] == "failed"
+    assert second_attempt["first_step"] % every == 1 and second_attempt["first_step"] > every  # resumed there
 
     events = cluster.client.http.get(f"/api/v1/runs/{run_id}/events").json()
     lost = next(e for e in events if e["to_status"] == "restarting")

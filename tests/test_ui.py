@@ -410,3 +410,26 @@ def _ready(url: str) -> bool:
         return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+@pytest.mark.timeout(120)
+def test_where_a_later_attempt_took_over_is_drawn_on_the_charts(page: Page, ui_stack: RunningStack) -> None:
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from backend.models import Attempt
+
+    run = ui_stack.client.submit(name="ui-attempts", steps=200, params={"hidden": 16})
+    ui_stack.client.wait_status(run["id"], {"succeeded"}, timeout=90)
+    # The boundary as the api reports it after a recovery (the real one is made in test_multinode).
+    engine = create_engine(ui_stack.settings.sqlalchemy_url)
+    with Session(engine) as session, session.begin():
+        session.add(Attempt(run_id=run["id"], number=2, status="succeeded", first_step=121))
+    engine.dispose()
+
+    page.goto(f"/#/runs/{run['id']}")
+    for chart in ("chart-loss", "chart-steptime"):
+        read = f"() => window.__torchyard.chart('{chart}')"
+        page.wait_for_function(f"() => ({read})()?.marks?.length === 1")
+        assert page.evaluate(read)["marks"] == [121]
+    shot(page, "run-detail-attempt-boundary")

@@ -198,12 +198,20 @@ def with_api(fn: Any) -> Any:
 @click.option("--param", "params", multiple=True, help="workload parameter KEY=VALUE (repeatable)")
 @click.option("--strategy", default="ddp", show_default=True, help="ddp, fsdp, pipeline, local_sgd, zero")
 @click.option("--strategy-opt", "strategy_opts", multiple=True, help="strategy option KEY=VALUE (repeatable)")
+@click.option("--nodes", type=int, default=1, show_default=True, help="nodes, placed together (all or none)")
 @click.option("--procs", type=int, default=2, show_default=True, help="processes per node")
 @click.option("--device", default="cpu", show_default=True)
+@click.option("--priority", type=int, default=0, show_default=True, help="higher is placed first")
 @click.option("--steps", type=int, default=100, show_default=True)
 @click.option("--batch-size", type=int, default=64, show_default=True, help="global batch")
 @click.option("--lr", type=float, default=0.01, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--training-opt",
+    "training_opts",
+    multiple=True,
+    help="training option KEY=VALUE (repeatable): checkpoint_every, max_restarts, stall_timeout_s, ...",
+)
 @click.option("--follow", is_flag=True, help="stream its logs until it ends")
 @with_api
 def submit(
@@ -213,12 +221,15 @@ def submit(
     params: tuple[str, ...],
     strategy: str,
     strategy_opts: tuple[str, ...],
+    nodes: int,
     procs: int,
     device: str,
+    priority: int,
     steps: int,
     batch_size: int,
     lr: float,
     seed: int,
+    training_opts: tuple[str, ...],
     follow: bool,
     api_url: str | None,
     token: str | None,
@@ -234,9 +245,12 @@ def submit(
             "name": name or f"{workload}-{strategy}",
             "workload": {"kind": "builtin", "name": workload, "params": dict(_parse_param(p) for p in params)},
             "strategy": {"kind": strategy, **dict(_parse_param(p) for p in strategy_opts)},
-            "resources": {"nodes": 1, "procs_per_node": procs, "device": device},
-            "training": {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed},
-        }
+            "resources": {"nodes": nodes, "procs_per_node": procs, "device": device, "priority": priority},
+            "training": {
+                "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
+                **dict(_parse_param(p) for p in training_opts),
+            },
+        }  # fmt: skip
     client = Api(api_url, token)
     run = client.call("POST", "/api/v1/runs", json=spec)
     click.echo(f"run {run['id']} {run['status']}: {run['name']}")
@@ -259,6 +273,7 @@ def _parse_param(text: str) -> tuple[str, Any]:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--entry", required=True, help="the script to run, relative to SOURCE (e.g. train.py)")
 @click.option("--name", help="run name (default: the entry)")
+@click.option("--nodes", type=int, default=1, show_default=True, help="nodes, placed together (torchrun's --nnodes)")
 @click.option(
     "--procs", type=int, default=2, show_default=True, help="processes per node (torchrun's --nproc-per-node)"
 )
@@ -271,6 +286,7 @@ def submit_script(
     script_args: tuple[str, ...],
     entry: str,
     name: str | None,
+    nodes: int,
     procs: int,
     device: str,
     steps: int,
@@ -287,7 +303,7 @@ def submit_script(
     spec = {
         "name": name or entry,
         "workload": {"kind": "script", "bundle": bundle["id"], "entry": entry, "args": list(script_args)},
-        "resources": {"nodes": 1, "procs_per_node": procs, "device": device},
+        "resources": {"nodes": nodes, "procs_per_node": procs, "device": device},
         "training": {"steps": steps},
     }
     run = client.call("POST", "/api/v1/runs", json=spec)
@@ -396,6 +412,77 @@ def cancel(run_id: int, api_url: str | None, token: str | None) -> None:
     """Cancel a run: every one of its processes ends."""
     run = Api(api_url, token).call("POST", f"/api/v1/runs/{run_id}/cancel")
     click.echo(f"run {run['id']} {run['status']}")
+
+
+@main.command()
+@click.argument("run_id", type=int)
+@click.option("--download", "step", type=int, default=None, help="download the checkpoint at this step (a tar)")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    default=None,
+    help="file to write the download to (default: run-RUN-step-STEP.tar)",
+)
+@with_api
+def checkpoints(run_id: int, step: int | None, output: Path | None, api_url: str | None, token: str | None) -> None:
+    """List a run's complete checkpoints, or download one (--download STEP) as a tar archive."""
+    client = Api(api_url, token)
+    if step is None:
+        listed = client.call("GET", f"/api/v1/runs/{run_id}/checkpoints")
+        if not listed:
+            click.echo(f"run {run_id} has no checkpoint yet")
+            return
+        click.echo(f"{'STEP':>9}  {'SIZE':>10}  {'FILES':>5}  CREATED")
+        for c in listed:
+            click.echo(f"{c['step']:>9}  {_bytes(c['size_bytes']):>10}  {c['files']:>5}  {c['created_at']}")
+        return
+    _download(
+        client, f"/api/v1/runs/{run_id}/checkpoints/{step}/download", output or Path(f"run-{run_id}-step-{step}.tar")
+    )
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _download(client: Api, path: str, output: Path) -> None:
+    """Streams to OUTPUT.part, then renames it: OUTPUT is never a partial file. Progress on stderr."""
+    partial = output.with_name(output.name + ".part")
+    tty = sys.stderr.isatty()
+    try:
+        with client.client.stream("GET", path, timeout=httpx.Timeout(30, read=300)) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise click.ClickException(f"{response.status_code}: {_describe_error(response)}")
+            total = int(response.headers.get("content-length", 0)) or None
+            done, shown = 0, 0.0
+            with partial.open("wb") as out:
+                for chunk in response.iter_bytes(1 << 20):
+                    out.write(chunk)
+                    done += len(chunk)
+                    if time.monotonic() - shown >= (0.2 if tty else 2.0):
+                        shown = time.monotonic()
+                        _progress(done, total, tty)
+            _progress(done, total, tty, last=True)
+    except httpx.HTTPError as exc:
+        partial.unlink(missing_ok=True)
+        raise click.ClickException(f"download from {client.url} failed: {exc}") from exc
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.replace(output)
+    click.echo(f"wrote {output} ({done:,} bytes)")
+
+
+def _progress(done: int, total: int | None, tty: bool, last: bool = False) -> None:
+    of = f" of {total:,} ({100 * done / total:.0f}%)" if total else ""
+    start = "\r" if tty else ""  # a terminal: one line, rewritten; a log: a line each time
+    click.echo(f"{start}{done:,} bytes{of}", err=True, nl=last or not tty)
 
 
 @main.group()

@@ -64,7 +64,8 @@ class _Writer:
         self._buf: deque[Point] = deque()
         self._head = 0  # sequence number of _buf[0]; points are numbered in log order from 0
         self._dropped = 0
-        self._cond = threading.Condition(threading.Lock())
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)  # append() takes the mutex itself: one frame less
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._client = self._connect()  # here, in the caller's thread: imports can fail at exit
@@ -74,7 +75,7 @@ class _Writer:
     # -- the caller's side -------------------------------------------------------------------
     def append(self, step: int, values: dict[str, float]) -> None:
         point = (step, time.time(), values)
-        with self._cond:
+        with self._mutex:
             if len(self._buf) >= self.capacity:
                 self._buf.popleft()
                 self._head += 1
@@ -254,9 +255,11 @@ def log(step: int, **scalars: Any) -> None:
             step = step.__index__()
         except AttributeError:
             raise TypeError(f"torchyard.log: step={step!r} is not an integer") from None
-    values = {key: _scalar(key, value) for key, value in scalars.items()}
-    if not values:
+    if not scalars:
         return
+    values = {}
+    for key, value in scalars.items():  # plain numbers inline: this runs every step of every rank
+        values[key] = float(value) if type(value) is float or type(value) is int else _scalar(key, value)
     _get().append(step, values)
 
 

@@ -46,12 +46,20 @@ class CharLMWorkload(_Strict):
     params: CharLMParams = CharLMParams()
 
 
+class FailParams(_Strict):
+    at_step: int = Field(1, ge=1, description="the step at which it fails")
+    rank: int | None = Field(None, ge=0, description="only this rank fails (default: every rank)")
+    times: int = Field(0, ge=0, description="fail only in the first N starts of the ranks (0: every start)")
+    hang: bool = Field(False, description="hang (stop stepping) instead of raising")
+
+
 class FailWorkload(_Strict):
-    """Raises at the given step: shows how a failing script looks (and tests it)."""
+    """Raises (or hangs) at the given step: shows how a failing or hung run looks, how torch
+    elastic restarts a crashed rank, how the watchdog finds a stall (and tests them)."""
 
     kind: Literal["builtin"] = "builtin"
     name: Literal["fail"]
-    params: dict[str, int] = Field(default_factory=lambda: {"at_step": 1})
+    params: FailParams = FailParams()
 
 
 BUNDLE_ID = r"^[0-9a-f]{64}$"
@@ -151,9 +159,22 @@ class Training(_Strict):
         0, ge=0, le=100, description="times torch elastic restarts a node's ranks after one crashes, within an attempt"
     )
     stall_timeout_s: float = Field(
-        0, ge=0, description="no step for this long: restart from the last checkpoint (0: never)"
+        0,
+        ge=0,
+        description="no step for this long (counted from an attempt's first step): restart from the last checkpoint "
+        "(0: never)",
     )
     max_duration_s: float = Field(0, ge=0, description="stop the run after running this long (0: no limit)")
+    checkpoint_on_cancel: bool = Field(
+        False, description="on cancel, every rank saves a checkpoint at the step boundary before it exits (ddp, fsdp)"
+    )
+    cancel_grace_s: float | None = Field(
+        None,
+        ge=0,
+        le=86_400,
+        description="seconds the ranks get between SIGTERM and SIGKILL on cancel (default: TORCHYARD_CANCEL_GRACE_S, "
+        "and at least 120 with checkpoint_on_cancel: the save must fit in it)",
+    )
 
 
 class RunSpec(_Strict):
@@ -189,6 +210,11 @@ class RunSpec(_Strict):
                     f"training.checkpoint_every ({self.training.checkpoint_every}) does not apply to workload.kind "
                     "'script': a script saves its own checkpoints (a new attempt runs it again from the start)"
                 )
+            if self.training.checkpoint_on_cancel:
+                raise ValueError(
+                    "training.checkpoint_on_cancel (true) does not apply to workload.kind 'script': a script saves "
+                    "its own checkpoints (it gets SIGTERM, then SIGKILL after training.cancel_grace_s)"
+                )
             return self
         if self.training.batch_size % self.world_size:
             raise ValueError(
@@ -205,6 +231,11 @@ class RunSpec(_Strict):
             raise ValueError(
                 f"training.checkpoint_every ({self.training.checkpoint_every}) is available for the ddp and fsdp "
                 f"strategies, not {self.strategy.kind!r} yet"
+            )
+        if self.training.checkpoint_on_cancel and not isinstance(self.strategy, DdpStrategy | FsdpStrategy):
+            raise ValueError(
+                f"training.checkpoint_on_cancel (true) is available for the ddp and fsdp strategies, not "
+                f"{self.strategy.kind!r} yet"
             )
         return self
 

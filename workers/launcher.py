@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import psutil
 import redis
 
 from torchyard import streams
@@ -86,6 +88,10 @@ def training_env(settings: Settings, run_id: int, attempt: int, spec: dict, run_
         PYTHONUNBUFFERED="1",
         OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
         TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[torchyard-rank ${rank}]:",
+        # With the agent's rendezvous store shared (torch's default), ranks restarted by
+        # --max-restarts read their peers' addresses from the round before and fail to connect
+        # (pytorch/pytorch#135712, seen here on Gloo): each round gets a store of its own.
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
         TORCHYARD_REDIS_URL=settings.redis_url,
         TORCHYARD_RUN_ID=str(run_id),
         TORCHYARD_ATTEMPT=str(attempt),
@@ -93,6 +99,12 @@ def training_env(settings: Settings, run_id: int, attempt: int, spec: dict, run_
         TORCHYARD_RUN_DIR=str(run_dir),
         TORCHYARD_CHECKPOINT_DIR=str(settings.checkpoints / str(run_id)),  # shared by the run's attempts
     )
+    training = spec.get("training", {})
+    if training.get("checkpoint_on_cancel") or training.get("cancel_grace_s") is not None:
+        # torchrun SIGKILLs its ranks this long after passing our SIGTERM on (default 30 s): give them the run's
+        # grace, less a second for torchrun to end them itself before we SIGKILL what remains
+        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(max(0, math.floor(cancel_grace_s(settings, spec)) - 1))
+        env["TORCHYARD_CANCEL_MARKER"] = str(run_dir / CANCEL_MARKER)  # present: a SIGTERM is a cancel
     return env
 
 
@@ -225,37 +237,60 @@ def report(client: redis.Redis, run_id: int, attempt: int, node_id: str, event: 
     raise RuntimeError(f"could not report {event} of run {run_id} attempt {attempt}: Redis unreachable")
 
 
+CANCEL_MARKER = "cancel-requested"  # in TORCHYARD_RUN_DIR, written before the SIGTERM of a cancel
+CHECKPOINT_ON_CANCEL_GRACE_S = 120.0  # the least grace with training.checkpoint_on_cancel: the save must fit
+
+
+def cancel_grace_s(settings: Settings, spec: dict) -> float:
+    """SIGTERM → SIGKILL grace on cancel: training.cancel_grace_s, else TORCHYARD_CANCEL_GRACE_S (at least
+    CHECKPOINT_ON_CANCEL_GRACE_S when the ranks save on cancel). The group is gone as soon as they exit."""
+    training = spec.get("training", {})
+    if training.get("cancel_grace_s") is not None:
+        return float(training["cancel_grace_s"])
+    if training.get("checkpoint_on_cancel"):
+        return max(settings.cancel_grace_s, CHECKPOINT_ON_CANCEL_GRACE_S)
+    return settings.cancel_grace_s
+
+
 def end_process_group(pgid: int, grace_s: float) -> None:
-    """SIGTERM the whole group (torchrun forwards it to its ranks), SIGKILL what remains."""
-    try:
+    """SIGTERM the launcher's group (torchrun forwards it to its ranks), SIGKILL what remains
+    after ``grace_s``. torch elastic starts every rank in a session of its own, out of reach of
+    killpg: the ranks (and their children) are found as torchrun's descendants before anything is
+    signalled, since a SIGKILLed torchrun would leave them running as orphans."""
+    tree = _process_tree(pgid)
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not _group_alive(pgid):
-            return
+    while time.monotonic() < deadline and any(_alive(p) for p in tree):
         time.sleep(0.05)
+    for proc in tree:
+        if _alive(proc):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _group_alive(pgid: int) -> bool:
+def _process_tree(pgid: int) -> list[psutil.Process]:
+    """The group's processes and all their descendants, whatever group or session they are in."""
+    members = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(proc.pid) == pgid:
+                members.append(proc)
+    tree = {p.pid: p for p in members}
+    for proc in members:
+        with contextlib.suppress(psutil.Error):
+            tree.update((c.pid, c) for c in proc.children(recursive=True))
+    return list(tree.values())
+
+
+def _alive(proc: psutil.Process) -> bool:
+    """Running and not a zombie (a zombie is done; its parent just has not reaped it yet)."""
     try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
-    # Zombies still count for killpg(0); a group of only zombies is done.
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return False
 
 
 def run_attempt(
@@ -291,8 +326,12 @@ def run_attempt(
             if not (cancelled or ended_elsewhere):
                 cancelled = _cancel_requested(client, run_id)
                 ended_elsewhere = not cancelled and _attempt_ended(client, run_id, attempt)
+                if cancelled:  # the ranks read the marker: a cancel, not torch elastic ending a crashed gang
+                    (run_dir / CANCEL_MARKER).touch()
                 if cancelled or ended_elsewhere:
-                    end_process_group(proc.pid, settings.cancel_grace_s)
+                    end_process_group(
+                        proc.pid, cancel_grace_s(settings, spec) if cancelled else settings.cancel_grace_s
+                    )
             time.sleep(0.2)
         # Ranks may have left children of their own (data loaders): the group goes with the run.
         end_process_group(proc.pid, 0.5)

@@ -18,7 +18,7 @@ from backend import bundles, lifecycle, metrics, runs
 from backend.db import get_sessionmaker
 from backend.deps import DB_INT_MAX, Member, RedisDep, RunDep, RunId, SessionDep, Viewer, get_async_redis
 from backend.models import Metric, Run
-from backend.schemas import EventOut, LogLineOut, MetricSeries, RunOut, RunPage
+from backend.schemas import AttemptOut, EventOut, LogLineOut, MetricSeries, RunOut, RunPage
 from torchyard import streams
 from torchyard.settings import get_settings
 from torchyard.spec import RunSpec, ScriptWorkload
@@ -27,7 +27,18 @@ router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 
 
 def run_out(run: Run) -> RunOut:
-    latest = run.attempts[-1] if run.attempts else None
+    attempts = [
+        AttemptOut(
+            number=a.number,
+            status=a.status,
+            created_at=a.created_at,
+            started_at=a.started_at,
+            ended_at=a.ended_at,
+            first_step=a.first_step,
+            node_ids=[alloc.node_id for alloc in sorted(a.allocations, key=lambda alloc: alloc.node_rank)],
+        )
+        for a in run.attempts
+    ]
     return RunOut(
         id=run.id,
         name=run.name,
@@ -40,7 +51,8 @@ def run_out(run: Run) -> RunOut:
         ended_at=run.ended_at,
         last_step=run.last_step,
         attempt_count=len(run.attempts),
-        node_ids=[a.node_id for a in latest.allocations] if latest else [],
+        node_ids=attempts[-1].node_ids if attempts else [],
+        attempts=attempts,
     )
 
 

@@ -10,7 +10,19 @@ for ``import torch`` (an import hook, so torch is never imported early) and then
   all-reduce comm hook timed by :class:`workers.runtime.comm.CommTimer` (the same timer and
   figures as the built-in workloads: ``comm_time_s``, ``exposed_comm_s``, ``comm_bytes``,
   ``algbw_GBps``, ``busbw_GBps``). A hook the script registers itself is timed instead of ours
-  (bytes: the bucket's buffer; DDP's built-in C++ hooks are left untimed).
+  (bytes: the bucket's buffer; DDP's built-in C++ hooks are left untimed). The collectives the
+  script calls itself through ``torch.distributed`` (``all_reduce``, ``all_gather[_into_tensor]``,
+  ``reduce_scatter[_tensor]``, ``broadcast``, ``reduce``, ``all_to_all[_single]``, ``send``/``recv``,
+  ``batch_isend_irecv``, and the ``all_gather_single``/``reduce_scatter_single`` that FSDP2's
+  ``fully_shard`` issues) are timed by the same timer: a blocking call is in flight and waited for
+  during the whole call; an ``async_op=True`` one until its work completes (its future's callback;
+  on CUDA an event recorded there, on the collective's stream; without a future, when ``wait()``
+  returns), and the time the training thread spends in its ``wait()`` is exposed. Bytes follow
+  nccl-tests (the whole gathered buffer, the whole reduce-scatter input). torch's own
+  ``allreduce_hook``/``fp16_compress_hook``/PowerSGD call ``dist.all_reduce`` from inside DDP's hook:
+  there the hook's interval already covers the call, so only its bytes count (the bucket's bytes
+  then do not: no double counting). ``isend``/``irecv`` stay unwrapped (``P2POp`` checks them by
+  identity); gather/scatter and the object collectives are not counted.
 - **throughput**: the samples of each step's training-mode forwards of the DDP module (the first
   tensor argument's first dimension) give ``samples_per_s``; without DDP, ``steps_per_s``.
 
@@ -27,8 +39,10 @@ import atexit
 import importlib
 import importlib.abc
 import importlib.util
+import inspect
 import os
 import sys
+import threading
 import time
 import traceback
 import weakref
@@ -53,6 +67,7 @@ class _State:
         self.first_forward: Any = None
         self.exit_flush = False
         self.register_original: Any = None  # DDP.register_comm_hook before our patch
+        self.local = threading.local()  # hook_depth: inside a timed DDP hook; hook_comm: it issued dist.*
 
 
 _state = _State()
@@ -109,6 +124,8 @@ def _on_torch(torch: Any) -> None:
         module = importlib.import_module("torch.nn.modules.module")
         _state.first_forward = module.register_module_forward_pre_hook(_first_forward)
         _patch_ddp(importlib.import_module("torch.nn.parallel.distributed").DistributedDataParallel)
+        if torch.distributed.is_available():
+            _patch_collectives(torch.distributed)
     except Exception:
         _fail("setup")
 
@@ -129,10 +146,15 @@ def _first_forward(module: Any, args: Any) -> None:
 
 def _begin(step: int) -> None:
     if _state.timer is None:
-        dist = _state.torch.distributed
-        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        device = _state.device or _state.torch.device("cpu")
+        torch, dist = _state.torch, _state.torch.distributed
+        distributed = dist.is_available() and dist.is_initialized()
+        world = dist.get_world_size() if distributed else 1
+        if _state.device is None and distributed and "nccl" in str(dist.get_backend()):
+            _state.device = torch.device("cuda", torch.cuda.current_device())  # events, not wall clock
+        device = _state.device or torch.device("cpu")
         _state.timer = _state.comm.CommTimer(world, device)
+        if distributed:
+            _state.comm_timed = True  # every step reports comm figures (0 without collectives)
     _state.step, _state.samples = step, 0
     _state.timer.begin_step(step)
     _state.step_start = time.perf_counter()
@@ -278,9 +300,15 @@ def _timed_hook(hook: Any) -> Any:
         except Exception:
             _fail("the comm hook")
             return hook(state, bucket)
-        future = hook(state, bucket)
+        local = _state.local
+        depth, seen = getattr(local, "hook_depth", 0), getattr(local, "hook_comm", False)
+        local.hook_depth, local.hook_comm = depth + 1, False
         try:
-            return timer.track(comm.ALL_REDUCE, size, start, future)
+            future = hook(state, bucket)
+        finally:
+            issued, local.hook_depth, local.hook_comm = local.hook_comm, depth, seen
+        try:  # a hook that called dist.* (torch's allreduce_hook does): those calls carry the bytes
+            return timer.track(comm.ALL_REDUCE, 0 if issued else size, start, future)
         except Exception:
             _fail("the comm hook")
             return future
@@ -289,3 +317,128 @@ def _timed_hook(hook: Any) -> Any:
     timed_hook.__qualname__ = getattr(hook, "__qualname__", "timed_hook")
     _state.comm_timed = True
     return timed_hook
+
+
+# ---- the script's own collectives -------------------------------------------------------------
+
+
+def _tensors_bytes(tensors: Any) -> int:
+    return sum(_state.comm.tensor_bytes(t) for t in tensors)
+
+
+def _arg(index: int, name: str) -> Any:
+    """The argument at ``index`` (positional) or ``name`` (keyword) of a call."""
+
+    def get(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return args[index] if len(args) > index else kwargs[name]
+
+    return get
+
+
+def _bytes_of(index: int, name: str, many: bool = False) -> Any:
+    get = _arg(index, name)
+    if many:
+        return lambda args, kwargs: _tensors_bytes(get(args, kwargs))
+    return lambda args, kwargs: _state.comm.tensor_bytes(get(args, kwargs))
+
+
+# name: (kind, bytes of a call: nccl-tests' convention)
+_COLLECTIVES: dict[str, tuple[str, Any]] = {
+    "all_reduce": ("all_reduce", _bytes_of(0, "tensor")),
+    "all_gather": ("all_gather", _bytes_of(0, "tensor_list", many=True)),
+    "all_gather_into_tensor": ("all_gather", _bytes_of(0, "output_tensor")),
+    "all_gather_single": ("all_gather", _bytes_of(0, "output_tensor")),  # FSDP2
+    "reduce_scatter": ("reduce_scatter", _bytes_of(1, "input_list", many=True)),
+    "reduce_scatter_tensor": ("reduce_scatter", _bytes_of(1, "input")),
+    "reduce_scatter_single": ("reduce_scatter", _bytes_of(1, "input")),  # FSDP2
+    "broadcast": ("broadcast", _bytes_of(0, "tensor")),
+    "reduce": ("reduce", _bytes_of(0, "tensor")),
+    "all_to_all": ("all_to_all", _bytes_of(1, "input_tensor_list", many=True)),
+    "all_to_all_single": ("all_to_all", _bytes_of(1, "input")),
+    "send": ("send_recv", _bytes_of(0, "tensor")),
+    "recv": ("send_recv", _bytes_of(0, "tensor")),
+}
+# FSDP2 checks these works' type (``isinstance(work, Work)``): hand the Work itself back, timed by
+# its future's callback only
+_KEEP_WORK = {"all_gather_single", "reduce_scatter_single"}
+
+
+def _patch_collectives(dist: Any) -> None:
+    for name, (kind, nbytes) in _COLLECTIVES.items():
+        fn = getattr(dist, name, None)
+        if fn is not None and not hasattr(fn, "_torchyard_original"):
+            setattr(dist, name, _timed_collective(name, kind, nbytes, fn))
+    fn = getattr(dist, "batch_isend_irecv", None)
+    if fn is not None and not hasattr(fn, "_torchyard_original"):
+        dist.batch_isend_irecv = _timed_batch_p2p(fn)
+
+
+def _timing(name: str) -> Any:
+    """The timer, when a step is being measured and this call is ours to time; else None."""
+    timer = _state.timer
+    if _state.disabled or timer is None or timer.step == 0:
+        return None
+    return timer
+
+
+def _timed_collective(name: str, kind: str, nbytes: Any, fn: Any) -> Any:
+    params = list(inspect.signature(fn).parameters)
+    async_at = params.index("async_op") if "async_op" in params else -1
+    keep_work = name in _KEEP_WORK
+
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        timer = _timing(name)
+        if timer is None:
+            return fn(*args, **kwargs)
+        try:
+            size = nbytes(args, kwargs)
+            is_async = async_at >= 0 and bool(args[async_at] if len(args) > async_at else kwargs.get("async_op"))
+            local = _state.local
+            if getattr(local, "hook_depth", 0):  # inside a timed DDP hook: its interval covers this call
+                local.hook_comm = True
+                timer.add_bytes(kind, size)
+                return fn(*args, **kwargs)
+        except Exception:
+            _fail(f"dist.{name}")
+            return fn(*args, **kwargs)
+        if not is_async:
+            return timer.call(kind, size, fn, *args, **kwargs)
+        start = timer.now()
+        work = fn(*args, **kwargs)
+        if work is None:  # not a member of the group
+            return work
+        try:
+            if keep_work:
+                timer.track(kind, size, start, work.get_future())  # its completion, in this step
+                return work
+            return timer.work(kind, size, start, work)
+        except Exception:
+            _fail(f"dist.{name}")
+            return work
+
+    collective.__wrapped__ = fn  # type: ignore[attr-defined]
+    collective._torchyard_original = fn  # type: ignore[attr-defined]
+    collective.__name__, collective.__qualname__, collective.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    return collective
+
+
+def _timed_batch_p2p(fn: Any) -> Any:
+    def batch_isend_irecv(p2p_op_list: Any) -> Any:
+        timer = _timing("batch_isend_irecv")
+        if timer is None:
+            return fn(p2p_op_list)
+        start = timer.now()
+        works = fn(p2p_op_list)
+        try:
+            sizes = [_state.comm.tensor_bytes(op.tensor) for op in p2p_op_list]
+            if len(works) != len(sizes):  # coalesced: one work for the batch
+                sizes = [sum(sizes)] + [0] * (len(works) - 1)
+            return [timer.work("send_recv", size, start, w) for w, size in zip(works, sizes, strict=True)]
+        except Exception:
+            _fail("dist.batch_isend_irecv")
+            return works
+
+    batch_isend_irecv.__wrapped__ = fn  # type: ignore[attr-defined]
+    batch_isend_irecv._torchyard_original = fn  # type: ignore[attr-defined]
+    batch_isend_irecv.__doc__ = fn.__doc__
+    return batch_isend_irecv

@@ -24,7 +24,6 @@ compute end).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import resource
 import threading
@@ -78,7 +77,7 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-@dataclass
+@dataclass(slots=True)
 class _Step:
     step: int
     origin: Mark
@@ -95,14 +94,17 @@ def figures(
     extra_bytes: list[tuple[int, str]] | None = None,
 ) -> dict[str, float]:
     """A step's communication figures from its intervals, in seconds since the step began."""
-    comm_time = union_length((s, e) for s, e, _, _ in comms)
-    sized = [(b, k) for _, _, b, k in comms] + list(extra_bytes or [])
-    nbytes = sum(b for b, _ in sized)
-    bus_bytes = sum(b * bus_factor(k, world) for b, k in sized)
-    count = sum(1 for b, _ in sized if b > 0)
+    # plain loops, no generators: this runs at every step of every rank
+    comm_time = union_length([(s, e) for s, e, _, _ in comms]) if comms else 0.0
+    waited = union_length(exposed) if exposed else 0.0
+    nbytes, bus_bytes, count = 0, 0.0, 0
+    for _, _, b, k in comms:
+        nbytes, bus_bytes, count = nbytes + b, bus_bytes + b * bus_factor(k, world), count + (b > 0)
+    for b, k in extra_bytes or ():
+        nbytes, bus_bytes, count = nbytes + b, bus_bytes + b * bus_factor(k, world), count + (b > 0)
     return {
         "comm_time_s": comm_time,
-        "exposed_comm_s": min(union_length(exposed), comm_time) if comm_time > 0 else union_length(exposed),
+        "exposed_comm_s": min(waited, comm_time) if comm_time > 0 else waited,
         "comm_bytes": float(nbytes),
         "comm_ops": float(count),
         "algbw_GBps": nbytes / comm_time / 1e9 if comm_time > 0 else 0.0,
@@ -121,16 +123,17 @@ class CommTimer:
         self.inject_delay_s = inject_delay_s  # tests: added to one collective on even steps
         self._step: _Step | None = None
         self._pending: list[_Step] = []  # CUDA: steps whose events are read a step later
+        self.no_future: set[str] = set()  # kinds whose Work had no future (Gloo send/recv)
         self._lock = threading.Lock()
+        # a mark: on CPU the clock itself (no Python frame per call: this runs several times a step)
+        self.now: Callable[[], Mark] = self._event if self.cuda else time.perf_counter
 
     # -- marks ---------------------------------------------------------------------------------
 
-    def now(self) -> Mark:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
+    def _event(self) -> Mark:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def _seconds(self, origin: Mark, mark: Mark) -> float:
         if isinstance(mark, float):
@@ -178,7 +181,7 @@ class CommTimer:
         self, kind: str, nbytes: int, start: Mark, fut: torch.futures.Future[Any], inject: bool = False
     ) -> torch.futures.Future[Any]:
         """Time ``fut`` from ``start`` until it completes; returns the future to hand on."""
-        if inject and self.should_inject(self.step):
+        if inject and self.inject_delay_s > 0 and self.should_inject(self.step):
             fut = _delayed(fut, self.inject_delay_s)
         step = self._step
 
@@ -223,12 +226,17 @@ class CommTimer:
         return [(s.step, self._figures(s)) for s in ready]
 
     def _figures(self, s: _Step) -> dict[str, float]:
+        origin = s.origin
         with self._lock:
-            comms = [(self._seconds(s.origin, a), self._seconds(s.origin, b), n, k) for a, b, n, k in s.comms]
-            exposed = [(self._seconds(s.origin, a), self._seconds(s.origin, b)) for a, b in s.exposed]
+            if isinstance(origin, float):  # CPU: plain differences (one call fewer per mark)
+                comms = [(a - origin, b - origin, n, k) for a, b, n, k in s.comms]  # type: ignore[operator]
+                exposed = [(a - origin, b - origin) for a, b in s.exposed]  # type: ignore[operator]
+            else:
+                comms = [(self._seconds(origin, a), self._seconds(origin, b), n, k) for a, b, n, k in s.comms]
+                exposed = [(self._seconds(origin, a), self._seconds(origin, b)) for a, b in s.exposed]
             extra = list(s.extra_bytes)
         if s.tail_from is not None and comms:
-            exposed.append((self._seconds(s.origin, s.tail_from), max(e for _, e, _, _ in comms)))
+            exposed.append((self._seconds(origin, s.tail_from), max(e for _, e, _, _ in comms)))
         out = figures(comms, exposed, self.world, extra)
         out["busbw_efficiency"] = self.efficiency(out)
         return out
@@ -263,8 +271,13 @@ class _TimedWork:
         self._recorded = False
         # completion: on Gloo the callback runs when the work is done; on CUDA in stream order.
         # Some ops have no future on some backends (Gloo send/recv): then wait() ends the interval.
-        with contextlib.suppress(Exception):
-            work.get_future().then(self._done)
+        # Asking costs a C++ exception with its backtrace (~0.1–1 ms), so a kind that had none once
+        # is not asked again.
+        if kind not in timer.no_future:
+            try:  # a callback, not then(): no chained future to make and complete
+                work.get_future().add_done_callback(self._done)
+            except Exception:
+                timer.no_future.add(kind)
 
     def _done(self, fut: torch.futures.Future[Any]) -> None:
         if not self._recorded:
@@ -275,7 +288,7 @@ class _TimedWork:
         begin = self._timer.now()
         result = self._work.wait(*args, **kwargs)
         end = self._timer.now()
-        if threading.current_thread() is threading.main_thread():
+        if threading.get_ident() == threading.main_thread().ident:
             self._timer.add_exposed(begin, end)
         if not self._recorded:
             self._recorded = True
@@ -324,8 +337,13 @@ def patch_dist(module: Any, timer: CommTimer, bytes_only: bool = False) -> Calla
     return undo
 
 
+# Linux: a thread's ru_maxrss is the process's (the mm's high-water mark), and asking for the
+# thread does not walk every thread of the process as RUSAGE_SELF does
+_RUSAGE = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+
+
 def memory_figures(device: torch.device) -> dict[str, float]:
-    out = {"max_rss_bytes": float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}  # Linux: KiB
+    out = {"max_rss_bytes": float(resource.getrusage(_RUSAGE).ru_maxrss * 1024)}  # Linux: KiB
     if device.type == "cuda":
         out["cuda_max_allocated_bytes"] = float(torch.cuda.max_memory_allocated(device))
     return out

@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,6 +31,8 @@ from workers.runtime import checkpoint, strategies
 from workers.runtime.calibrate import calibrate
 from workers.runtime.comm import CommTimer, memory_figures
 from workers.runtime.workloads import Batch, Workload, as_batch, build
+
+_cancel = {"save": False, "requested": False}  # save on cancel: set in main(); the SIGTERM handler notes one
 
 
 def say(line: str) -> None:
@@ -61,6 +64,38 @@ def batches(workload: Workload, per_rank: int, rank: int, world: int, seed: int,
         sampler.set_epoch(epoch)
         yield from itertools.islice(loader, offset, None)
         epoch, offset = epoch + 1, 0
+
+
+class CancelVote:
+    """Save on cancel, collectively. The SIGTERM reaches the ranks at slightly different times (in
+    different steps, on different nodes), yet a save is a collective every rank must enter at the
+    same step. So the handler only notes it, and at every step boundary each rank adds its note
+    to an all-reduce (MAX) on a Gloo group of its own: every rank reads the same answer, so all stop
+    at the same boundary and save together. The all-reduce launched at one boundary is read at the
+    next, hidden behind a step's compute (a blocking one would add Gloo's ~2 ms latency to every
+    step); a cancel costs at most one step more."""
+
+    def __init__(self) -> None:
+        self.group = dist.new_group(backend="gloo")  # CPU tensors, whatever the training backend
+        self.flag = torch.zeros(1, dtype=torch.int32)
+        self.work: dist.Work | None = None
+
+    def agreed(self) -> bool:
+        """Collective, at each step boundary: True on every rank, at the same step, once any rank
+        was cancelled."""
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+            if int(self.flag.item()):
+                return True
+        self.flag = torch.tensor([int(_cancel["requested"])], dtype=torch.int32)
+        self.work = dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        return False
+
+    def close(self) -> None:
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
 
 
 def train(spec: RunSpec) -> None:
@@ -116,6 +151,7 @@ def train(spec: RunSpec) -> None:
             scalars.update(memory_figures(device))
             torchyard.log(step, **scalars)
 
+    vote = CancelVote() if checkpoints and _cancel["save"] else None
     started = time.perf_counter()
     for step in range(done + 1, t.steps + 1):
         logged = step % t.log_every == 0 or step == t.steps
@@ -148,10 +184,18 @@ def train(spec: RunSpec) -> None:
                 shown = f"loss {loss_value:.4f}" if loss_value is not None else "(no loss on this stage)"
                 say(f"step {step}/{t.steps} {shown} {step_time * 1e3:.1f} ms/step")
         emit(timer.end_step())
+        saved = None
         if checkpoints and t.checkpoint_every and step % t.checkpoint_every == 0 and step < t.steps:
             saved = checkpoint.save(checkpoints, step, strategy)
             if rank == 0:
                 say(f"checkpoint saved at step {step}: {saved}")
+        if vote is not None and checkpoints and step < t.steps and vote.agreed():
+            saved = saved or checkpoint.save(checkpoints, step, strategy)
+            emit(timer.flush())
+            say(f"rank {rank}/{world}: cancelled; checkpoint saved at step {step}: {saved}")
+            raise SystemExit(128 + signal.SIGTERM)
+    if vote is not None:
+        vote.close()
     emit(timer.flush())
     strategy.close()
     elapsed = time.perf_counter() - started
@@ -160,6 +204,13 @@ def train(spec: RunSpec) -> None:
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """Exit, unless this is a cancel of a run that saves on cancel (the launcher marks a cancel
+    before its SIGTERM; torch elastic ending the ranks of a crashed gang leaves no mark): then the
+    training loop saves at the step boundary the ranks agree on, and exits."""
+    marker = os.environ.get("TORCHYARD_CANCEL_MARKER")
+    if _cancel["save"] and marker and Path(marker).exists():
+        _cancel["requested"] = True
+        return
     raise SystemExit(128 + signum)
 
 
@@ -169,6 +220,7 @@ def main() -> None:
     if not raw:
         raise SystemExit("TORCHYARD_SPEC is not set: it must hold the run spec as JSON")
     spec = RunSpec.model_validate_json(raw)
+    _cancel["save"] = spec.training.checkpoint_on_cancel and spec.strategy.kind in ("ddp", "fsdp")
     # torch elastic stops the other ranks with SIGTERM when one fails (and a cancel does the same):
     # exit through Python, so the metrics already logged are flushed on the way out.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

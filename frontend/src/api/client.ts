@@ -12,6 +12,7 @@ export type Node = components["schemas"]["NodeOut"];
 export type MetricSeries = components["schemas"]["MetricSeries"];
 export type Me = components["schemas"]["MeOut"];
 export type RunSpecIn = components["schemas"]["RunSpec"];
+export type Checkpoint = components["schemas"]["CheckpointOut"];
 
 export interface FieldError {
   loc: (string | number)[];

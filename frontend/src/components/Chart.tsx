@@ -15,6 +15,12 @@ export interface SeriesDef {
   fill?: string;
 }
 
+/** A vertical marker across the plot, e.g. where a new attempt of the run took over. */
+export interface Mark {
+  x: number;
+  label: string;
+}
+
 export interface ChartHandle {
   plot: uPlot | null;
   setData(data: uPlot.AlignedData): void;
@@ -30,12 +36,21 @@ interface Props {
   onZoom?: (xMin: number, xMax: number) => void;
   handle: (h: ChartHandle | null) => void;
   testId?: string;
+  marks?: Mark[];
 }
 
-export function Chart({ title, series, time = false, syncKey, height = 220, unit, onZoom, handle, testId }: Props) {
+export function Chart({ title, series, time = false, syncKey, height = 220, unit, onZoom, handle, testId, marks }: Props) {
   const box = useRef<HTMLDivElement>(null);
+  const plotRef = useRef<uPlot | null>(null);
   const zoomRef = useRef(onZoom);
   zoomRef.current = onZoom;
+  const marksRef = useRef<Mark[]>(marks ?? []);
+  const marksKey = (marks ?? []).map((m) => `${m.x}:${m.label}`).join("|");
+  useEffect(() => {
+    marksRef.current = marks ?? [];
+    plotRef.current?.redraw(false, false);
+    // eslint-disable-next-line react-hooks/exhaustive-deps
+  }, [marksKey]);
   const seriesKey = series.map((s) => s.label).join("|");
 
   useEffect(() => {
@@ -84,6 +99,7 @@ export function Chart({ title, series, time = false, syncKey, height = 220, unit
         })),
       ],
       hooks: {
+        draw: [(u) => drawMarks(u, marksRef.current)],
         setSelect: [
           (u) => {
             if (u.select.width < 5) return;
@@ -97,6 +113,7 @@ export function Chart({ title, series, time = false, syncKey, height = 220, unit
     };
     const empty: uPlot.AlignedData = [[], ...series.map(() => [])];
     const plot = new uPlot(opts, empty, el);
+    plotRef.current = plot;
     const h: ChartHandle = { plot, setData: (d) => plot.setData(d) };
     handle(h);
     if (testId) {
@@ -106,6 +123,7 @@ export function Chart({ title, series, time = false, syncKey, height = 220, unit
         max: plot.scales.x?.max ?? null,
         mode: time ? "time" : "step",
         ticks: xTicks.slice(),
+        marks: marksRef.current.map((m) => m.x),
       }));
     }
     const resize = new ResizeObserver(() => {
@@ -117,6 +135,7 @@ export function Chart({ title, series, time = false, syncKey, height = 220, unit
       resize.disconnect();
       handle(null);
       if (testId) exposeChart(testId, null);
+      plotRef.current = null;
       plot.destroy();
     };
     // eslint-disable-next-line react-hooks/exhaustive-deps
@@ -128,6 +147,28 @@ export function Chart({ title, series, time = false, syncKey, height = 220, unit
       <div ref={box} class="chart-body" />
     </div>
   );
+}
+
+/** Dashed vertical lines with a label at the top, inside the plotting area. */
+function drawMarks(u: uPlot, marks: Mark[]): void {
+  const { ctx, bbox } = u;
+  const ratio = window.devicePixelRatio || 1;
+  for (const m of marks) {
+    const px = u.valToPos(m.x, "x", true);
+    if (!Number.isFinite(px) || px < bbox.left || px > bbox.left + bbox.width) continue;
+    ctx.save();
+    ctx.strokeStyle = "#d97706";
+    ctx.lineWidth = 1.5 * ratio;
+    ctx.setLineDash([4 * ratio, 3 * ratio]);
+    ctx.beginPath();
+    ctx.moveTo(px, bbox.top);
+    ctx.lineTo(px, bbox.top + bbox.height);
+    ctx.stroke();
+    ctx.fillStyle = "#b45309";
+    ctx.font = `${11 * ratio}px system-ui, sans-serif`;
+    ctx.fillText(m.label, px + 4 * ratio, bbox.top + 12 * ratio);
+    ctx.restore();
+  }
 }
 
 /** Unix seconds → "14:03:27" (local clock) for the wall-time axis. */

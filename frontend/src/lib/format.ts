@@ -74,3 +74,16 @@ export function fmtTs(ts: number): string {
   const d = new Date(ts * 1000);
   return `${d.toLocaleTimeString("en-GB", { hour12: false })}.${String(d.getMilliseconds()).padStart(3, "0")}`;
 }
+
+/** Bytes → "812 B", "3.4 KiB", "1.2 GiB". */
+export function fmtBytes(n: number | null | undefined): string {
+  if (n === null || n === undefined || !Number.isFinite(n) || n < 0) return "—";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let x = n;
+  let i = 0;
+  while (x >= 1024 && i < units.length - 1) {
+    x /= 1024;
+    i++;
+  }
+  return i === 0 ? `${x} B` : `${x.toFixed(x < 10 ? 2 : 1)} ${units[i]}`;
+}

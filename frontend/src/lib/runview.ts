@@ -76,3 +76,18 @@ export function chartData(def: ChartDef, series: Map<string, LiveSeries>, time: 
   const [xs, ...ys] = aligned;
   return [xs.map((x) => tsOf.get(x) ?? 0), ...ys];
 }
+
+/** Where each later attempt of a run took over, as chart markers: at its first step, or (wall-time
+ * axis) when it started. The first attempt needs none. */
+export function attemptMarks(
+  attempts: { number: number; first_step: number | null; started_at: string | null }[],
+  time: boolean,
+): { x: number; label: string }[] {
+  const marks = [];
+  for (const a of attempts) {
+    if (a.number < 2) continue;
+    const x = time ? (a.started_at ? Date.parse(a.started_at) / 1000 : null) : a.first_step;
+    if (x !== null && Number.isFinite(x)) marks.push({ x, label: `attempt ${a.number}` });
+  }
+  return marks;
+}

@@ -3,6 +3,7 @@ import {
   api,
   fetchSeries,
   ok,
+  type Checkpoint,
   type LogLine,
   type LogsEvent,
   type MetricsEvent,
@@ -13,9 +14,9 @@ import { Chart, PALETTE, type ChartHandle, type SeriesDef } from "../components/
 import { ErrorBox, Loading, Progress, StatusBadge } from "../components/ui";
 import { LiveSeries, lastValue } from "../lib/data";
 import { expose } from "../lib/debug";
-import { fmtClock, fmtDuration, fmtSI, fmtTs } from "../lib/format";
+import { fmtBytes, fmtClock, fmtDuration, fmtSI, fmtTs } from "../lib/format";
 import { go } from "../lib/route";
-import { chartData, chartDefs, interpolate, type ChartDef } from "../lib/runview";
+import { attemptMarks, chartData, chartDefs, interpolate, type ChartDef } from "../lib/runview";
 import { RunStream, sinceAgo } from "../lib/stream";
 import { duration, summary } from "./Runs";
 
@@ -416,6 +417,7 @@ export function RunDetail({ id }: { id: number }) {
               syncKey={`run-${id}`}
               unit={def.unit}
               onZoom={onZoom}
+              marks={attemptMarks(run?.attempts ?? [], time)}
               testId={`chart-${def.id.replace(/[^a-z0-9_-]/gi, "_")}`}
               handle={(h) => {
                 if (h) charts.current.set(def.id, h);
@@ -480,6 +482,8 @@ export function RunDetail({ id }: { id: number }) {
         </div>
       </div>
 
+      <Checkpoints id={id} active={active} status={run.status} />
+
       <div class="card">
         <div class="card-head">
           <h2>Logs</h2>
@@ -502,6 +506,79 @@ export function RunDetail({ id }: { id: number }) {
         <pre class="json" data-testid="spec-json">{JSON.stringify(run.spec, null, 2)}</pre>
       </div>
     </section>
+  );
+}
+
+const CHECKPOINT_POLL_MS = 10_000;
+
+/** The run's complete checkpoints (read from the checkpoint root by the api), each downloadable as a
+ * tar (the session cookie authorises the plain link). Re-read on each state change and, while the
+ * run is live, every 10 s: a checkpoint is every N steps, not every frame. */
+function Checkpoints({ id, active, status }: { id: number; active: boolean; status: string }) {
+  const [items, setItems] = useState<Checkpoint[] | null>(null);
+  const [error, setError] = useState<string | null>(null);
+  useEffect(() => {
+    let alive = true;
+    const load = async () => {
+      try {
+        const got = ok(await api.GET("/api/v1/runs/{run_id}/checkpoints", { params: { path: { run_id: id } } }));
+        if (alive) {
+          setItems(got);
+          setError(null);
+        }
+      } catch (e) {
+        if (alive) setError(e instanceof Error ? e.message : String(e));
+      }
+    };
+    void load();
+    const timer = active ? window.setInterval(load, CHECKPOINT_POLL_MS) : 0;
+    return () => {
+      alive = false;
+      window.clearInterval(timer);
+    };
+  }, [id, active, status]);
+
+  return (
+    <div class="card" data-testid="checkpoints">
+      <h2>Checkpoints</h2>
+      {error ? (
+        <ErrorBox error={error} />
+      ) : items === null ? (
+        <Loading what="Loading checkpoints" />
+      ) : items.length === 0 ? (
+        <div class="state state-empty">No checkpoints{active ? " yet" : ""}.</div>
+      ) : (
+        <table class="table">
+          <thead>
+            <tr>
+              <th class="num">Step</th>
+              <th class="num">Size</th>
+              <th class="num">Files</th>
+              <th>Saved</th>
+              <th />
+            </tr>
+          </thead>
+          <tbody>
+            {items
+              .slice()
+              .reverse()
+              .map((c) => (
+                <tr data-step={c.step}>
+                  <td class="num">{c.step.toLocaleString("en-US")}</td>
+                  <td class="num">{fmtBytes(c.size_bytes)}</td>
+                  <td class="num">{c.files}</td>
+                  <td class="muted nowrap">{fmtClock(c.created_at)}</td>
+                  <td>
+                    <a class="btn btn-small" href={`/api/v1/runs/${id}/checkpoints/${c.step}/download`} download>
+                      Download
+                    </a>
+                  </td>
+                </tr>
+              ))}
+          </tbody>
+        </table>
+      )}
+    </div>
   );
 }
 

@@ -1,0 +1,160 @@
+"""A run's checkpoints as the api sees them: read from the checkpoint root (the directory the
+ranks save into, shared storage on several hosts), listed, and streamed as a tar archive.
+
+Only complete checkpoints exist here: a directory ``step-<N>`` holding the ``COMPLETE`` marker
+(``workers.runtime.checkpoint`` writes it last, then publishes the directory by a rename); a
+hidden staging directory, or a ``step-<N>`` without the marker, is never listed or served.
+
+Why plain tar, not tar.gz: a checkpoint is mostly float tensors, which gzip shrinks by a few per
+cent at the cost of a CPU core per download (tens of MB/s); plain tar streams at disk speed and
+its exact size is known before the first byte, so the response carries a Content-Length (a client
+shows progress against it, and a cut-off download is detected as short)."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO
+
+from sqlalchemy.orm import Session
+
+from backend.runs import NotFound, get_run
+from torchyard.settings import Settings
+
+COMPLETE = "COMPLETE"  # = workers.runtime.checkpoint.COMPLETE (not imported: that module imports torch)
+_NAME = re.compile(r"^step-(\d+)$")
+CHUNK = 1 << 20
+_BLOCK = tarfile.BLOCKSIZE
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    step: int
+    path: Path
+    size_bytes: int  # the files' bytes (the tar archive is a little larger: headers)
+    files: int
+    created_at: datetime  # when it was completed (its COMPLETE marker's mtime)
+
+
+def run_root(settings: Settings, run_id: int) -> Path:
+    return settings.checkpoints / str(run_id)
+
+
+def _files(directory: Path) -> list[tuple[str, os.stat_result]]:
+    """Every regular file under ``directory`` (relative POSIX path, stat), sorted; symbolic links,
+    devices and the like are left out: an archive never carries what is outside the checkpoint."""
+    found = []
+    for base, dirs, names in os.walk(directory, followlinks=False):
+        dirs.sort()
+        for name in sorted(names):
+            path = Path(base, name)
+            info = path.lstat()
+            if stat.S_ISREG(info.st_mode):
+                found.append((path.relative_to(directory).as_posix(), info))
+    return found
+
+
+def _complete(root: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of each complete checkpoint under ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        match = _NAME.match(entry.name)
+        # A symlinked step directory could point anywhere: not a checkpoint the ranks wrote.
+        if match and not entry.is_symlink() and entry.is_dir() and (entry / COMPLETE).is_file():
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def _info(step: int, path: Path) -> CheckpointInfo | None:
+    try:
+        files = _files(path)
+        completed = (path / COMPLETE).stat().st_mtime
+    except FileNotFoundError:  # removed by the ranks' rotation (the newest two are kept) meanwhile
+        return None
+    return CheckpointInfo(
+        step=step,
+        path=path,
+        size_bytes=sum(info.st_size for _name, info in files),
+        files=len(files),
+        created_at=datetime.fromtimestamp(completed, UTC),
+    )
+
+
+def list_checkpoints(session: Session, settings: Settings, run_id: int) -> list[CheckpointInfo]:
+    """The run's complete checkpoints, oldest first; [] when it has none. NotFound: no such run."""
+    get_run(session, run_id)
+    return [info for step, path in _complete(run_root(settings, run_id)) if (info := _info(step, path))]
+
+
+def get_checkpoint(session: Session, settings: Settings, run_id: int, step: int) -> CheckpointInfo:
+    """NotFound, naming the steps there are, when the run has no complete checkpoint at ``step``."""
+    get_run(session, run_id)
+    root = run_root(settings, run_id)
+    complete = dict(_complete(root))
+    path = complete.get(step)
+    # The path is built from an integer and checked again after resolving: never outside the root.
+    info = _info(step, path) if path is not None and path.resolve().parent == root.resolve() else None
+    if info is None:
+        steps = ", ".join(str(s) for s in sorted(complete) if s != step)
+        there = f"its checkpoints are at steps {steps}" if steps else "it has no complete checkpoint"
+        raise NotFound(f"run {run_id} has no checkpoint at step {step}: {there}")
+    return info
+
+
+class Archive:
+    """A checkpoint as a tar stream of known length. Its files are opened up front, so the ranks
+    removing an old checkpoint (they keep the newest two) cannot cut a download that has started."""
+
+    def __init__(self, info: CheckpointInfo) -> None:
+        self.name = f"step-{info.step}"
+        self.members: list[tuple[bytes, IO[bytes], int]] = []
+        try:
+            for rel, listed in _files(info.path):
+                handle = open(info.path / rel, "rb")  # noqa: SIM115 (closed by close())
+                size = os.fstat(handle.fileno()).st_size
+                self.members.append((self._header(rel, size, listed.st_mtime), handle, size))
+        except FileNotFoundError:
+            self.close()
+            raise NotFound(
+                f"the checkpoint at step {info.step} was removed meanwhile (a newer one replaced it)"
+            ) from None
+        self.length = sum(len(h) + _padded(size) for h, _f, size in self.members) + 2 * _BLOCK
+
+    def _header(self, rel: str, size: int, mtime: float) -> bytes:
+        member = tarfile.TarInfo(f"{self.name}/{rel}")
+        member.size, member.mtime, member.mode = size, int(mtime), 0o644
+        return member.tobuf(format=tarfile.PAX_FORMAT)
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            for header, handle, size in self.members:
+                yield header
+                left = size
+                while left:
+                    chunk = handle.read(min(CHUNK, left))
+                    if not chunk:  # the file shrank under us: end short, the client sees the Content-Length unmet
+                        raise OSError(f"{handle.name} ended {left} bytes early")
+                    left -= len(chunk)
+                    yield chunk
+                handle.close()
+                if size % _BLOCK:
+                    yield b"\0" * (_BLOCK - size % _BLOCK)
+            yield b"\0" * (2 * _BLOCK)  # end of archive
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for _header, handle, _size in self.members:
+            handle.close()
+
+
+def _padded(size: int) -> int:
+    return -(-size // _BLOCK) * _BLOCK
