@@ -5,6 +5,7 @@ after their transaction commits."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import socket
@@ -19,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from backend import bulk, lifecycle, rollups, runs
 from backend.db import transaction
-from backend.models import Attempt, LogLine, Metric, Run, utcnow
+from backend.models import Attempt, LogLine, Metric, Run, StepProfile, utcnow
 from torchyard import streams
 from torchyard.settings import get_settings
 
@@ -37,6 +38,7 @@ def apply_entries(session: Session, entries: Iterable[Entry]) -> int:
     """Writes the entries; returns how many metric points were new."""
     metric_rows: list[dict[str, Any]] = []
     log_rows: list[dict[str, Any]] = []
+    profile_rows: list[dict[str, Any]] = []
     last_step: dict[int, int] = {}
     first_step: dict[tuple[int, int], int] = {}  # (run, attempt) → the smallest step in this batch
     reports: list[tuple[int, dict[str, Any]]] = []
@@ -75,12 +77,23 @@ def apply_entries(session: Session, entries: Iterable[Entry]) -> int:
                 }
                 for seq, (rank, ts, text) in enumerate(data["lines"])
             )
+        elif entry_type == streams.PROFILE:
+            profile_rows.append(
+                {
+                    "run_id": run_id,
+                    "attempt": data["attempt"],
+                    "rank": data["rank"],
+                    "step": data["step"],
+                    "timeline": json.dumps(data["timeline"], separators=(",", ":")),
+                }
+            )
         elif entry_type == streams.REPORT:
             reports.append((run_id, data))
         # STATE entries are for live readers: the database already has them.
     inserted = bulk.insert(session, Metric.__table__, metric_rows, returning=ROLLUP_COLUMNS)  # type: ignore[arg-type]
     rollups.merge(session, rollups.accumulate(inserted))  # type: ignore[arg-type]
     bulk.insert(session, LogLine.__table__, log_rows)  # type: ignore[arg-type]
+    bulk.insert(session, StepProfile.__table__, profile_rows)  # type: ignore[arg-type]
     for run_id, step in last_step.items():
         # last_step_at is the run's pulse (the watchdog's stall clock): any step counts, replayed ones too.
         session.execute(update(Run).where(Run.id == run_id).values(last_step_at=utcnow()))

@@ -165,6 +165,19 @@ class MetricRollup(Base):
     count: Mapped[int] = mapped_column(BigInteger)
 
 
+class StepProfile(Base):
+    """One rank's sampled step (torch.profiler): its compact timeline, JSON as the rank sent it."""
+
+    __tablename__ = "step_profiles"
+    __table_args__ = (UniqueConstraint("run_id", "step", "rank", "attempt", name="uq_step_profile"),)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    attempt: Mapped[int]
+    rank: Mapped[int]
+    step: Mapped[int] = mapped_column(BigInteger)
+    timeline: Mapped[str] = mapped_column(Text)
+
+
 class LogLine(Base):
     __tablename__ = "log_lines"
     __table_args__ = (UniqueConstraint("run_id", "entry_id", "seq", name="uq_log_line"),)

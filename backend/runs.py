@@ -3,13 +3,15 @@ transaction)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from backend import lifecycle
-from backend.models import Attempt, LogLine, Node, Run, RunEvent, Token
+from backend.models import Attempt, LogLine, Node, Run, RunEvent, StepProfile, Token
 from torchyard.spec import RunSpec
 
 
@@ -96,6 +98,40 @@ def list_logs(session: Session, run_id: int, rank: int | None, after_id: int, li
     if rank is not None:
         query = query.where(LogLine.rank == rank)
     return session.scalars(query.order_by(LogLine.id).limit(limit)).all()
+
+
+def profiled_steps(session: Session, run_id: int) -> list[dict[str, Any]]:
+    """The sampled steps, newest first, each with the latest attempt that sampled it and its ranks."""
+    rows = session.execute(
+        select(StepProfile.step, StepProfile.attempt, StepProfile.rank)
+        .where(StepProfile.run_id == run_id)
+        .order_by(StepProfile.step.desc(), StepProfile.attempt.desc(), StepProfile.rank)
+    ).all()
+    out: list[dict[str, Any]] = []
+    for step, attempt, rank in rows:
+        if not out or out[-1]["step"] != step:
+            out.append({"step": step, "attempt": attempt, "ranks": []})
+        if out[-1]["attempt"] == attempt:
+            out[-1]["ranks"].append(rank)
+    return out
+
+
+def step_timelines(session: Session, run_id: int, step: int) -> dict[str, Any]:
+    """Every rank's timeline of a sampled step (the latest attempt's)."""
+    rows = session.execute(
+        select(StepProfile.attempt, StepProfile.rank, StepProfile.timeline)
+        .where(StepProfile.run_id == run_id, StepProfile.step == step)
+        .order_by(StepProfile.attempt.desc(), StepProfile.rank)
+    ).all()
+    if not rows:
+        sampled = [s["step"] for s in profiled_steps(session, run_id)[:5]]
+        raise NotFound(
+            f"run {run_id} has no sampled step {step}"
+            + (f" (latest sampled: {', '.join(map(str, sampled))})" if sampled else " (training.profile_every is 0?)")
+        )
+    attempt = rows[0][0]
+    ranks = {str(rank): json.loads(timeline) for a, rank, timeline in rows if a == attempt}
+    return {"step": step, "attempt": attempt, "ranks": ranks}
 
 
 def latest_attempt(session: Session, run_id: int) -> Attempt | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -62,6 +62,33 @@ class LogLineOut(_FromRow):
     rank: int
     ts: float
     text: str
+
+
+class ProfiledStepOut(BaseModel):
+    step: int
+    attempt: int
+    ranks: list[int]
+
+
+class TimelineLane(BaseModel):
+    label: str  # "thread 1", "stream 0:7"
+    kind: Literal["compute", "comm"]
+    spans: list[list[int]]  # [start µs from the step's first span, duration µs, index into names]
+    dropped: int  # shorter spans left out (at most 300 kept per lane)
+
+
+class Timeline(BaseModel):
+    step: int
+    duration_us: int
+    names: list[str]
+    lanes: list[TimelineLane]
+    figures: dict[str, float]  # prof_comm_time_s, prof_exposed_comm_s, prof_compute_time_s, prof_overlap_fraction
+
+
+class StepTimelines(BaseModel):
+    step: int
+    attempt: int
+    ranks: dict[str, Timeline]
 
 
 class NodeOut(BaseModel):

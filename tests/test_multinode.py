@@ -9,6 +9,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +70,9 @@ class Cluster:
         return [float(v) for v in series["aggregate"]["mean"]]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    tmp = tmp_path_factory.mktemp("multinode")
+@contextmanager
+def running_cluster(tmp: Path) -> Iterator[Cluster]:
+    """The api, ingest and Redis on the bridge; one worker per host (``SLOTS``), each alive."""
     with netns.Network(len(SLOTS)) as network:
         redis = RedisServer(tmp / "redis", addresses=(network.gateway,)).start()
         settings = Settings(
@@ -92,7 +93,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             for index in range(len(SLOTS)):
                 running.start_worker(index)
             for index in range(len(SLOTS)):
-                wait_for(lambda i=index: running.node(f"host-{i}").get("status") == "alive", 60, f"host-{index}")
+                node = f"host-{index}"
+                wait_for(lambda: running.node(node).get("status") == "alive", 60, node)  # noqa: B023
             yield running
         finally:
             for proc in running.workers.values():
@@ -104,6 +106,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                     proc.kill()
             stack.stop()
             redis.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with running_cluster(tmp_path_factory.mktemp("multinode")) as running:
+        yield running
 
 
 def test_two_nodes_of_two_match_one_node_of_four_step_by_step(cluster: Cluster) -> None:
@@ -128,6 +136,11 @@ def test_two_nodes_of_two_match_one_node_of_four_step_by_step(cluster: Cluster) 
 
 
 def test_two_gangs_on_three_nodes_take_turns_and_never_hold_a_partial_allocation(cluster: Cluster) -> None:
+    two_gangs_on_three_nodes(cluster)
+
+
+def two_gangs_on_three_nodes(cluster: Cluster) -> None:
+    """Also a chaos scenario (``python -m benchmarks.chaos``)."""
     first = cluster.submit("gang-a", nodes=2, procs=2, steps=40)
     second = cluster.submit("gang-b", nodes=2, procs=2, steps=40)
     seen: dict[int, set[int]] = {first: set(), second: set()}

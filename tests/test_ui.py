@@ -394,8 +394,17 @@ def test_a_lost_connection_shows_a_banner_and_the_stream_resumes_where_it_stoppe
 
     # No point lost or repeated across the gap: consecutive logged steps, each holding exactly
     # one point from each of the two ranks (a repeated delivery would make it 3 or 4).
+    # Each rank's points arrive in order: once a row past the cut holds both ranks, every row
+    # before it must too (a slower rank's newest rows may still be on their way at the cut).
+    cut = page.evaluate(f"({LIVE_LOSS})()")["x"][-1]
+    page.wait_for_function(
+        f"(cut) => {{ const s = ({LIVE_LOSS})(); return s.x.some((x, i) => x > cut && s.n[i] === 2); }}",
+        arg=cut,
+        timeout=30_000,
+    )
     live = page.evaluate(f"({LIVE_LOSS})()")
-    xs, ns = live["x"][:-3], live["n"][:-3]  # the newest rows may still wait for a rank
+    keep = [i for i, x in enumerate(live["x"]) if x <= cut]
+    xs, ns = [live["x"][i] for i in keep], [live["n"][i] for i in keep]
     assert xs[-1] > at_return["x"][-1]
     assert [b - a for a, b in pairwise(xs)] == [5] * (len(xs) - 1), xs
     assert set(ns) == {2}, [(x, n) for x, n in zip(xs, ns, strict=True) if n != 2]
@@ -433,3 +442,46 @@ def test_where_a_later_attempt_took_over_is_drawn_on_the_charts(page: Page, ui_s
         page.wait_for_function(f"() => ({read})()?.marks?.length === 1")
         assert page.evaluate(read)["marks"] == [121]
     shot(page, "run-detail-attempt-boundary")
+
+
+def test_a_sampled_step_is_served_and_drawn_as_every_ranks_timeline(page: Page, ui_stack: RunningStack) -> None:
+    run = ui_stack.client.submit(name="ui-profiled", steps=20, params={"hidden": 256}, profile_every=10)
+    ui_stack.client.wait_status(run["id"], {"succeeded"}, timeout=120)
+    http, base = ui_stack.client.http, f"/api/v1/runs/{run['id']}"
+    listed = http.get(f"{base}/profiles").json()
+    assert [(p["step"], p["ranks"]) for p in listed] == [(20, [0, 1]), (10, [0, 1])], listed
+
+    sampled = http.get(f"{base}/profiles/20").json()
+    always_on = {
+        key: http.get(f"{base}/metrics", params={"key": key}).json()["ranks"]
+        for key in ("comm_time_s", "prof_comm_time_s", "step_time_s")
+    }
+    for rank in ("0", "1"):
+        timeline = sampled["ranks"][rank]
+        assert {lane["kind"] for lane in timeline["lanes"]} == {"compute", "comm"}
+        comm = [s for lane in timeline["lanes"] if lane["kind"] == "comm" for s in lane["spans"]]
+        assert {timeline["names"][s[2]] for s in comm} == {"gloo:all_reduce"}  # DDP's bucket all-reduces
+        spans = [s for lane in timeline["lanes"] for s in lane["spans"]]
+        assert all(start >= 0 and start + dur <= timeline["duration_us"] + 1 for start, dur, _ in spans)
+        figures = timeline["figures"]
+        assert 0 < figures["prof_exposed_comm_s"] <= figures["prof_comm_time_s"] <= timeline["duration_us"] / 1e6
+        # the trace's figures are metrics too, at the sampled steps only
+        assert always_on["prof_comm_time_s"][rank]["step"] == [10, 20]
+        # independent measures of one step's communication: the trace's Gloo spans, the hooks' futures
+        trace, hooks = figures["prof_comm_time_s"], always_on["comm_time_s"][rank]["value"][19]
+        assert abs(trace - hooks) <= 0.5 * max(trace, hooks) + 0.002, (rank, trace, hooks)
+
+    missing = http.get(f"{base}/profiles/15")
+    assert missing.status_code == 404 and "latest sampled: 20, 10" in missing.json()["detail"]
+
+    page.goto(f"/#/runs/{run['id']}")
+    card = page.get_by_test_id("sampled-step")
+    expect(card.get_by_test_id("timeline")).to_be_visible()
+    lanes = sum(len(t["lanes"]) for t in sampled["ranks"].values())
+    expect(card.locator(".timeline-row")).to_have_count(lanes)
+    assert card.locator("rect.span-comm").count() == sum(
+        len(lane["spans"]) for t in sampled["ranks"].values() for lane in t["lanes"] if lane["kind"] == "comm"
+    )
+    card.get_by_test_id("sampled-step-select").select_option("10")
+    expect(card.locator(".timeline-axis")).to_contain_text("step 10")
+    shot(page, "run-detail-sampled-step")

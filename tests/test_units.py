@@ -65,3 +65,15 @@ def test_spec_errors_quote_the_bad_value() -> None:
     heads = run_spec(workload="charlm", params={"d_model": 30, "n_heads": 4})
     with pytest.raises(ValidationError, match=r"d_model \(30\) must be divisible by n_heads \(4\)"):
         RunSpec.model_validate(heads)
+
+
+def test_trace_intervals_union_and_the_part_no_compute_covers() -> None:
+    from workers.runtime.profiling import length, merged, uncovered
+
+    comm = merged([(10, 20), (0, 5), (15, 30), (40, 50)])
+    assert comm == [(0, 5), (10, 30), (40, 50)] and length(comm) == 35
+    compute = merged([(2, 12), (25, 45)])
+    # exposed: 0–2, 12–25, 45–50
+    assert uncovered(comm, compute) == 2 + 13 + 5
+    assert uncovered(comm, []) == 35 and uncovered([], compute) == 0
+    assert uncovered([(0, 10)], [(0, 10)]) == 0 and uncovered([(0, 10)], [(-5, 3), (4, 6), (9, 20)]) == 1 + 3

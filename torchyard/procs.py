@@ -22,8 +22,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(check: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Polls ``check`` until it returns something truthy; raises TimeoutError naming ``what``."""
+def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Polls ``check`` until it returns something truthy; raises TimeoutError naming ``what``.
+    An AssertionError from ``check`` is final (the condition can no longer hold) and goes up at once."""
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
     while True:
@@ -31,6 +32,8 @@ def wait_for(check: Callable[[], T], timeout: float, what: str, interval: float 
             value = check()
             if value:
                 return value
+        except AssertionError:
+            raise
         except Exception as exc:  # the condition may raise until it holds (e.g. connection refused)
             last_error = exc
         if time.monotonic() > deadline:

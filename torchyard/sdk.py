@@ -170,6 +170,15 @@ class _Writer:
             self._cond.notify_all()
             return bool(self._buf)
 
+    def send_timeline(self, step: int, timeline: dict[str, Any]) -> None:
+        """One sampled step's timeline, written at once (a sample: on a Redis outage it is dropped
+        with a warning, the step's figures go through the buffer like every point)."""
+        entry = {"attempt": self.attempt, "rank": self.rank, "step": step, "timeline": timeline}
+        try:
+            self._client.xadd(self.stream, streams.encode(streams.PROFILE, entry))
+        except Exception as error:
+            _log.warning("torchyard: the timeline of step %d was not written: %s", step, error)
+
     def _connect(self) -> Any:
         import redis
         from redis.backoff import NoBackoff
@@ -193,6 +202,9 @@ class _Disabled:
 
     def flush(self, timeout: float = 30.0) -> bool:
         return True
+
+    def send_timeline(self, step: int, timeline: dict[str, Any]) -> None:
+        pass
 
 
 _writer: _Writer | _Disabled | None = None
@@ -261,6 +273,11 @@ def log(step: int, **scalars: Any) -> None:
     for key, value in scalars.items():  # plain numbers inline: this runs every step of every rank
         values[key] = float(value) if type(value) is float or type(value) is int else _scalar(key, value)
     _get().append(step, values)
+
+
+def log_timeline(step: int, timeline: dict[str, Any]) -> None:
+    """Records one sampled step's timeline (``workers.runtime.profiling.timeline``'s shape)."""
+    _get().send_timeline(step, timeline)
 
 
 def flush(timeout: float = 30) -> bool:

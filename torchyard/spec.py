@@ -153,6 +153,12 @@ class Training(_Strict):
     lr: float = Field(0.01, gt=0, le=100)
     seed: int = Field(0, ge=0)
     log_every: int = Field(1, ge=1, description="log metrics every N steps")
+    profile_every: int = Field(
+        0,
+        ge=0,
+        description="every N steps one step runs under torch.profiler: trace-derived comm/overlap figures "
+        "(prof_*) and a timeline on the run page (0: never)",
+    )
     checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps (0: never)")
     max_attempts: int = Field(3, ge=1, le=100, description="attempts before a run whose node is lost fails")
     max_restarts: int = Field(
@@ -209,6 +215,11 @@ class RunSpec(_Strict):
                 raise ValueError(
                     f"training.checkpoint_every ({self.training.checkpoint_every}) does not apply to workload.kind "
                     "'script': a script saves its own checkpoints (a new attempt runs it again from the start)"
+                )
+            if self.training.profile_every:
+                raise ValueError(
+                    f"training.profile_every ({self.training.profile_every}) does not apply to workload.kind 'script' "
+                    "yet: profile a step of your script with torch.profiler yourself"
                 )
             if self.training.checkpoint_on_cancel:
                 raise ValueError(

@@ -10,6 +10,8 @@ Every run has one stream, ``ty:run:<id>``. Each entry has two fields: ``type`` a
   ranks' output (rank -1: the elastic agent / launcher itself);
 - ``report``: ``{"attempt": a, "node": id, "event": "started"|"exited", "status": ..., "reason": ...,
   "returncode": n}`` written by the worker; ingest applies it to the run's state;
+- ``profile``: ``{"attempt": a, "rank": r, "step": s, "timeline": {...}}`` one sampled step's
+  torch.profiler timeline (``workers/runtime/profiling.py``), written by the SDK inside each rank;
 - ``state``: ``{"status": s, "reason": r, "at": iso}`` written after a state change commits, for
   live readers only (the database already holds it; ingest skips it).
 """
@@ -26,7 +28,7 @@ SCHEDULER_LOCK = "ty:scheduler:leader"
 SCHEDULER_WAKE = "ty:scheduler:wake"  # list; a push wakes the scheduler early
 INGESTED_POINTS = "ty:stats:ingested_points"  # counter: metric points ingest has written
 
-METRICS, LOGS, REPORT, STATE = "metrics", "logs", "report", "state"
+METRICS, LOGS, REPORT, STATE, PROFILE = "metrics", "logs", "report", "state", "profile"
 
 
 def run_stream(run_id: int) -> str:

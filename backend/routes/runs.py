@@ -1,4 +1,5 @@
-"""/api/v1/runs: submit, list, read, cancel, metrics, logs, events and the live stream."""
+"""/api/v1/runs: submit, list, read, cancel, metrics, sampled-step timelines, logs, events and the live
+stream."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, HTTPException, Query, Request, status
+from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, status
 from fastapi.responses import StreamingResponse
 from sqlalchemy import func, select, tuple_
 from sqlalchemy.orm import Session
@@ -18,7 +19,16 @@ from backend import bundles, lifecycle, metrics, runs
 from backend.db import get_sessionmaker
 from backend.deps import DB_INT_MAX, Member, RedisDep, RunDep, RunId, SessionDep, Viewer, get_async_redis
 from backend.models import Metric, Run
-from backend.schemas import AttemptOut, EventOut, LogLineOut, MetricSeries, RunOut, RunPage
+from backend.schemas import (
+    AttemptOut,
+    EventOut,
+    LogLineOut,
+    MetricSeries,
+    ProfiledStepOut,
+    RunOut,
+    RunPage,
+    StepTimelines,
+)
 from torchyard import streams
 from torchyard.settings import get_settings
 from torchyard.spec import RunSpec, ScriptWorkload
@@ -155,6 +165,20 @@ def get_metrics(
     step_max: Annotated[int | None, Query(ge=0, le=DB_INT_MAX)] = None,
 ) -> dict[str, Any]:
     return metrics.series(session, run.id, key, max_points, step_min, step_max, run.last_step)
+
+
+@router.get("/{run_id}/profiles", response_model=list[ProfiledStepOut])
+def list_profiles(run: RunDep, session: SessionDep) -> list[dict[str, Any]]:
+    """The steps sampled with torch.profiler (training.profile_every), newest first."""
+    return runs.profiled_steps(session, run.id)
+
+
+@router.get("/{run_id}/profiles/{step}", response_model=StepTimelines)
+def get_profile(
+    run: RunDep, session: SessionDep, step: Annotated[int, Path(ge=0, le=DB_INT_MAX, description="a sampled step")]
+) -> dict[str, Any]:
+    """Every rank's timeline of one sampled step: compute and communication spans, in µs."""
+    return runs.step_timelines(session, run.id, step)
 
 
 @router.get("/{run_id}/logs", response_model=list[LogLineOut])

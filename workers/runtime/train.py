@@ -10,6 +10,7 @@ metrics go through :mod:`torchyard.sdk` (``TORCHYARD_REDIS_URL``, ``TORCHYARD_RU
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import random
@@ -27,7 +28,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import torchyard
 from torchyard.spec import RunSpec
-from workers.runtime import checkpoint, strategies
+from workers.runtime import checkpoint, profiling, strategies
 from workers.runtime.calibrate import calibrate
 from workers.runtime.comm import CommTimer, memory_figures
 from workers.runtime.workloads import Batch, Workload, as_batch, build
@@ -161,7 +162,9 @@ def train(spec: RunSpec) -> None:
         if workload.before_step is not None:
             workload.before_step(step)
         timer.begin_step(step)
-        loss = strategy.train_step(batch)
+        sampled = t.profile_every and step % t.profile_every == 0
+        with profiling.capture(cuda) if sampled else contextlib.nullcontext() as prof:
+            loss = strategy.train_step(batch)
         if logged or step % print_every == 0:
             if cuda:
                 torch.cuda.synchronize(device)
@@ -184,8 +187,17 @@ def train(spec: RunSpec) -> None:
                 shown = f"loss {loss_value:.4f}" if loss_value is not None else "(no loss on this stage)"
                 say(f"step {step}/{t.steps} {shown} {step_time * 1e3:.1f} ms/step")
         emit(timer.end_step())
+        if prof is not None:
+            trace_figures, timeline = profiling.analyze(prof, cuda, step)
+            torchyard.log(step, **trace_figures)
+            torchyard.sdk.log_timeline(step, timeline)
         saved = None
         if checkpoints and t.checkpoint_every and step % t.checkpoint_every == 0 and step < t.steps:
+            # Every point up to this step is in Redis before the checkpoint exists: a rank killed
+            # after it loses only points a resumed attempt logs again.
+            emit(timer.flush())
+            if not torchyard.flush(timeout=60):
+                say(f"rank {rank}/{world}: metrics up to step {step} not all in Redis yet at the checkpoint")
             saved = checkpoint.save(checkpoints, step, strategy)
             if rank == 0:
                 say(f"checkpoint saved at step {step}: {saved}")

@@ -80,6 +80,12 @@ describe("chart model", () => {
     expect(defs[2]?.keys).toEqual(["step_time_s", "data_time_s"]);
     expect(defs[2]?.title).toContain("not reported yet: compute_time_s, exposed_comm_s");
   });
+  it("puts the sampled steps' trace figures on one chart, not one chart each", () => {
+    const keys = ["loss", "prof_comm_time_s", "prof_exposed_comm_s", "prof_compute_time_s", "prof_overlap_fraction"];
+    const defs = chartDefs(keys, 2);
+    expect(defs.map((d) => d.id)).toEqual(["loss", "traced"]);
+    expect(defs[1]?.keys).toEqual(["prof_comm_time_s", "prof_exposed_comm_s"]);
+  });
   it("scales throughput by the world size and maps x to wall time", () => {
     const s = new LiveSeries();
     s.setHistory([1, 2], [100, 101], [10, 20]);

@@ -23,6 +23,9 @@ export interface ChartDef {
   unit?: string;
 }
 
+// The sampled steps' own figures (training.profile_every): one chart; the timeline card has the rest.
+const TRACE_PARTS = ["prof_comm_time_s", "prof_exposed_comm_s"];
+
 export function chartDefs(keys: string[], world: number): ChartDef[] {
   const have = new Set(keys);
   const defs: ChartDef[] = [];
@@ -35,8 +38,11 @@ export function chartDefs(keys: string[], world: number): ChartDef[] {
     const note = missing.length ? ` — not reported yet: ${missing.join(", ")}` : "";
     defs.push({ id: "steptime", title: `Step time: compute vs exposed communication (s)${note}`, keys: parts, labels: parts, unit: " s" });
   }
+  const traced = TRACE_PARTS.filter((k) => have.has(k));
+  if (traced.length)
+    defs.push({ id: "traced", title: "Sampled steps, from the torch.profiler trace: comm vs exposed comm (s)", keys: traced, labels: traced, unit: " s" });
   for (const k of keys) {
-    if (k === "loss" || k === "samples_per_s" || STEP_PARTS.includes(k)) continue;
+    if (k === "loss" || k === "samples_per_s" || STEP_PARTS.includes(k) || k.startsWith("prof_")) continue;
     defs.push({ id: `key:${k}`, title: k, keys: [k], labels: [k] });
   }
   return defs;

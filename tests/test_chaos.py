@@ -1,0 +1,29 @@
+"""The chaos suite once per scenario (``tests/chaos.py``), on one stack of real processes.
+``python -m benchmarks.chaos --repeat N`` repeats it and prints pass counts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.chaos import SCENARIOS, Chaos
+from tests.conftest import start_stack
+from torchyard.procs import RedisServer
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chaos]:
+    tmp = tmp_path_factory.mktemp("chaos")
+    redis = RedisServer(tmp / "redis").start()
+    running = start_stack(tmp, f"sqlite:///{tmp / 'db.sqlite'}", redis)
+    yield Chaos(running, redis)
+    running.stack.stop()
+    redis.stop()
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_chaos(chaos: Chaos, scenario: str) -> None:
+    SCENARIOS[scenario](chaos)
