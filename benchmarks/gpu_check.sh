@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a CUDA machine (≥ 2 GPUs for the 2-rank runs; 1 GPU runs the NCCL path with 1 rank where it
 # can): every strategy on NCCL/CUDA through the real entrypoint, checked for a zero exit and for the
-# comm figures in the log, then the overhead benchmark's DDP rows. Budget: < 8 minutes.
+# comm figures in the log (every 10th step traced by torch.profiler: the NCCL-kernel path), then the overhead benchmark's DDP rows. Budget: < 8 minutes.
 # CI skips this (no GPU). Usage: benchmarks/gpu_check.sh [steps]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +31,7 @@ start=$(date +%s)
 for strategy in "${STRATEGIES[@]}"; do
   kind=$(python -c "import json,sys; print(json.loads(sys.argv[1])['kind'])" "$strategy")
   if [ "$PROCS" -lt 2 ] && [ "$kind" != ddp ]; then echo "skip $strategy (needs 2 GPUs)"; continue; fi
-  spec="{\"name\":\"gpu-check\",\"workload\":$WORKLOAD,\"strategy\":$strategy,\"resources\":{\"procs_per_node\":$PROCS,\"device\":\"cuda\"},\"training\":{\"steps\":$STEPS,\"batch_size\":32,\"lr\":0.001,\"seed\":0}}"
+  spec="{\"name\":\"gpu-check\",\"workload\":$WORKLOAD,\"strategy\":$strategy,\"resources\":{\"procs_per_node\":$PROCS,\"device\":\"cuda\"},\"training\":{\"steps\":$STEPS,\"batch_size\":32,\"lr\":0.001,\"seed\":0,\"profile_every\":10}}"
   log=$(mktemp)
   if TORCHYARD_SPEC="$spec" timeout 120 python -m torch.distributed.run --standalone --nproc-per-node "$PROCS" \
        -m workers.runtime.train >"$log" 2>&1 && grep -q "done, $STEPS steps" "$log"; then
