@@ -77,3 +77,12 @@ def test_trace_intervals_union_and_the_part_no_compute_covers() -> None:
     assert uncovered(comm, compute) == 2 + 13 + 5
     assert uncovered(comm, []) == 35 and uncovered([], compute) == 0
     assert uncovered([(0, 10)], [(0, 10)]) == 0 and uncovered([(0, 10)], [(-5, 3), (4, 6), (9, 20)]) == 1 + 3
+
+
+def test_powersgd_needs_two_warmup_steps_and_says_why() -> None:
+    spec = run_spec()
+    spec["strategy"] = {"kind": "ddp", "comm_hook": "powersgd", "powersgd_warmup": 1}
+    with pytest.raises(ValidationError, match=r"powersgd_warmup \(1\) must be at least 2"):
+        RunSpec.model_validate(spec)
+    spec["strategy"] = {"kind": "ddp", "comm_hook": "allreduce", "powersgd_warmup": 0}  # no PowerSGD: no limit
+    RunSpec.model_validate(spec)

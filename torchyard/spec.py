@@ -96,12 +96,17 @@ class DdpStrategy(_Strict):
     kind: Literal["ddp"]
     comm_hook: Literal["allreduce", "fp16", "bf16", "powersgd"] = "allreduce"
     powersgd_rank: int = Field(2, description="PowerSGD's matrix approximation rank (≥ 1)")
-    powersgd_warmup: int = Field(10, ge=0, description="steps of plain all-reduce before PowerSGD starts")
+    powersgd_warmup: int = Field(10, ge=0, description="steps of plain all-reduce before PowerSGD starts (≥ 2)")
 
     @model_validator(mode="after")
-    def _powersgd_rank_positive(self) -> DdpStrategy:
+    def _powersgd_fits(self) -> DdpStrategy:
         if self.powersgd_rank < 1:
             raise ValueError(f"strategy.powersgd_rank ({self.powersgd_rank}) must be at least 1")
+        if self.comm_hook == "powersgd" and self.powersgd_warmup < 2:
+            raise ValueError(
+                f"strategy.powersgd_warmup ({self.powersgd_warmup}) must be at least 2: PowerSGD with error "
+                "feedback starts after DDP's first two steps (torch's start_powerSGD_iter > 1)"
+            )
         return self
 
 

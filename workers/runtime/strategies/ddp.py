@@ -97,7 +97,7 @@ class DdpStrategy(Strategy):
         state = powerSGD_hook.PowerSGDState(
             process_group=None,
             matrix_approximation_rank=cfg.powersgd_rank,
-            start_powerSGD_iter=max(cfg.powersgd_warmup, 1),
+            start_powerSGD_iter=cfg.powersgd_warmup,
             min_compression_rate=2,
             random_seed=0,
         )
