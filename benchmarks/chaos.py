@@ -18,9 +18,8 @@ from pathlib import Path
 
 from tests import netns
 from tests.chaos import SCENARIOS, Chaos
-from tests.conftest import start_stack
+from tests.conftest import sqlite_stack
 from tests.test_multinode import running_cluster, two_gangs_on_three_nodes
-from torchyard.procs import RedisServer
 
 GANGS = "two_gangs_on_three_nodes"
 
@@ -59,16 +58,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="torchyard-chaos-") as tmp:
         local = [s for s in chosen if s in SCENARIOS]
         if local:
-            redis = RedisServer(Path(tmp) / "redis").start()
-            running = start_stack(Path(tmp), f"sqlite:///{tmp}/db.sqlite", redis)
-            chaos = Chaos(running, redis)
-            try:
+            with sqlite_stack(Path(tmp) / "stack") as running:
+                chaos = Chaos(running)
                 for rep in range(1, args.repeat + 1):
                     for name in local:
                         tally.attempt(name, rep, lambda name=name: SCENARIOS[name](chaos))  # type: ignore[misc]
-            finally:
-                running.stack.stop()
-                redis.stop()
         if GANGS in chosen:
             if not netns.available():
                 print(f"  {GANGS}: skipped (network namespaces need root and iproute2)")

@@ -30,7 +30,7 @@ import psutil
 from tests.conftest import TERMINAL, RunningStack, run_spec
 from tests.test_e2e import run_processes
 from torchyard import sse
-from torchyard.procs import RedisServer, wait_for
+from torchyard.procs import wait_for
 
 # seconds every process of a cancelled run has to be gone in (the launcher's grace is 3 s)
 CANCEL_DEADLINE_S = 15
@@ -39,8 +39,9 @@ CANCEL_DEADLINE_S = 15
 class Chaos:
     """A stack to do damage to: its Redis can be restarted, its processes killed and respawned."""
 
-    def __init__(self, stack: RunningStack, redis: RedisServer) -> None:
-        self.stack, self.redis, self.client = stack, redis, stack.client
+    def __init__(self, stack: RunningStack) -> None:
+        assert stack.redis is not None, "chaos restarts the stack's own Redis"
+        self.stack, self.redis, self.client = stack, stack.redis, stack.client
 
     def submit(self, name: str, steps: int, **training: Any) -> int:
         params = training.pop("params", {"hidden": 32})
@@ -163,28 +164,32 @@ def cancel_mid_step(chaos: Chaos) -> None:
     chaos.assert_gone(run_id, procs)
 
 
-def redis_restart(chaos: Chaos) -> None:
+def _survives(chaos: Chaos, name: str, damage: Callable[[], None]) -> None:
+    """``damage`` done 50 steps into a 600-step run: it still succeeds after it, every point once."""
     steps = 600
-    run_id = chaos.submit("chaos-redis-restart", steps)
+    run_id = chaos.submit(f"chaos-{name}", steps)
     chaos.wait_step(run_id, 50)
-    chaos.redis.stop()  # SIGTERM: redis writes its append-only file and exits
-    chaos.redis.start()
+    damage()
     back = datetime.now(UTC)
     chaos.client.wait_status(run_id, {"succeeded"}, timeout=180)
     chaos.assert_ended_after(run_id, back)
     chaos.assert_every_point_once(run_id, steps)
+
+
+def redis_restart(chaos: Chaos) -> None:
+    def restart() -> None:
+        chaos.redis.stop()  # SIGTERM: redis writes its append-only file and exits
+        chaos.redis.start()
+
+    _survives(chaos, "redis-restart", restart)
 
 
 def ingest_restart(chaos: Chaos) -> None:
-    steps = 600
-    run_id = chaos.submit("chaos-ingest-restart", steps)
-    chaos.wait_step(run_id, 50)
-    chaos.kill("ingest")
-    chaos.stack.stack.spawn("ingest")
-    back = datetime.now(UTC)
-    chaos.client.wait_status(run_id, {"succeeded"}, timeout=180)
-    chaos.assert_ended_after(run_id, back)
-    chaos.assert_every_point_once(run_id, steps)
+    def restart() -> None:
+        chaos.kill("ingest")
+        chaos.stack.stack.spawn("ingest")
+
+    _survives(chaos, "ingest-restart", restart)
 
 
 def api_restart(chaos: Chaos) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,8 @@ def run_spec(
 
 
 class RunningStack:
-    def __init__(self, stack: Stack, token: str) -> None:
-        self.stack, self.token = stack, token
+    def __init__(self, stack: Stack, token: str, redis: RedisServer | None = None) -> None:
+        self.stack, self.token, self.redis = stack, token, redis
         self.settings = stack.settings
         self.url = stack.settings.api_url
         self.client = Client(self.url, token)
@@ -107,9 +108,23 @@ def start_stack(tmp: Path, database_url: str, redis: RedisServer, **overrides: A
     )
     stack = Stack(settings)
     token = stack.start()
-    running = RunningStack(stack, token)
+    running = RunningStack(stack, token, redis)
     wait_for(lambda: running.client.http.get("/api/v1/nodes").json(), 30, "the worker's first heartbeat")
     return running
+
+
+@contextmanager
+def sqlite_stack(tmp: Path, **overrides: Any) -> Iterator[RunningStack]:
+    """A whole system on SQLite with a Redis of its own; every process of it (ranks too) ends on exit."""
+    redis = RedisServer(tmp / "redis").start()
+    try:
+        running = start_stack(tmp, f"sqlite:///{tmp / 'torchyard.db'}", redis, **overrides)
+        try:
+            yield running
+        finally:
+            running.stack.stop()
+    finally:
+        redis.stop()
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])

@@ -16,8 +16,7 @@ import httpx
 import pytest
 
 from backend import bundles
-from tests.conftest import RunningStack, start_stack
-from torchyard.procs import RedisServer
+from tests.conftest import RunningStack, sqlite_stack
 
 pytestmark = pytest.mark.timeout(240)
 LIMIT = 64 * 1024
@@ -126,12 +125,8 @@ def script_spec(bundle: str, entry: str, args: list[str], name: str = "script") 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    tmp = tmp_path_factory.mktemp("bundles")
-    redis = RedisServer(tmp / "redis").start()
-    running = start_stack(tmp, f"sqlite:///{tmp / 'torchyard.db'}", redis, max_bundle_bytes=LIMIT)
-    yield running
-    running.stack.stop()
-    redis.stop()
+    with sqlite_stack(tmp_path_factory.mktemp("bundles"), max_bundle_bytes=LIMIT) as running:
+        yield running
 
 
 def test_upload_is_checked_before_it_is_stored(stack: RunningStack) -> None:

@@ -8,20 +8,15 @@ from collections.abc import Iterator
 import pytest
 
 from tests.chaos import SCENARIOS, Chaos
-from tests.conftest import start_stack
-from torchyard.procs import RedisServer
+from tests.conftest import sqlite_stack
 
 pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.fixture(scope="module")
 def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chaos]:
-    tmp = tmp_path_factory.mktemp("chaos")
-    redis = RedisServer(tmp / "redis").start()
-    running = start_stack(tmp, f"sqlite:///{tmp / 'db.sqlite'}", redis)
-    yield Chaos(running, redis)
-    running.stack.stop()
-    redis.stop()
+    with sqlite_stack(tmp_path_factory.mktemp("chaos")) as running:
+        yield Chaos(running)
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))

@@ -20,9 +20,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from backend import checkpoints as api_checkpoints
-from tests.conftest import RunningStack, run_spec, start_stack
+from tests.conftest import RunningStack, run_spec, sqlite_stack
 from tests.test_e2e import run_processes
-from torchyard.procs import RedisServer, wait_for
+from torchyard.procs import wait_for
 from torchyard.spec import RunSpec
 from workers.runtime import checkpoint as rank_checkpoint
 from workers.runtime.workloads import build
@@ -33,12 +33,8 @@ PARAMS = {"hidden": 32}
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    tmp = tmp_path_factory.mktemp("checkpoint-api")
-    redis = RedisServer(tmp / "redis").start()
-    running = start_stack(tmp, f"sqlite:///{tmp / 'db.sqlite'}", redis)
-    yield running
-    running.stack.stop()
-    redis.stop()
+    with sqlite_stack(tmp_path_factory.mktemp("checkpoint-api")) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -8,23 +8,20 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import Client, RunningStack, run_spec, start_stack
-from torchyard.procs import RedisServer
+from tests.conftest import Client, RunningStack, run_spec, sqlite_stack
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    tmp = tmp_path_factory.mktemp("hardening")
-    redis = RedisServer(tmp / "redis").start()
-    running = start_stack(
-        tmp, f"sqlite:///{tmp / 'db.sqlite'}", redis, max_runs_in_flight=2, max_streams_per_token=2,
+    with sqlite_stack(
+        tmp_path_factory.mktemp("hardening"),
+        max_runs_in_flight=2,
+        max_streams_per_token=2,
         max_request_bytes=8192,
-    )  # fmt: skip
-    yield running
-    running.stack.stop()
-    redis.stop()
+    ) as running:
+        yield running
 
 
 def new_token(stack: RunningStack, name: str, role: str) -> tuple[int, Client]:

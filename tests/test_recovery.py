@@ -10,21 +10,16 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import RunningStack, run_spec, start_stack
+from tests.conftest import RunningStack, run_spec, sqlite_stack
 from tests.test_e2e import run_processes
-from torchyard.procs import RedisServer
 
 pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    tmp = tmp_path_factory.mktemp("recovery")
-    redis = RedisServer(tmp / "redis").start()
-    running = start_stack(tmp, f"sqlite:///{tmp / 'db.sqlite'}", redis)
-    yield running
-    running.stack.stop()
-    redis.stop()
+    with sqlite_stack(tmp_path_factory.mktemp("recovery")) as running:
+        yield running
 
 
 def submit(stack: RunningStack, spec: dict[str, Any]) -> int:

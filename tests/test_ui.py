@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import RunningStack, start_stack
-from torchyard.procs import RedisServer, wait_for
+from tests.conftest import RunningStack, sqlite_stack
+from torchyard.procs import wait_for
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 Page = playwright_sync.Page
@@ -43,12 +43,8 @@ pytestmark = pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING))
 
 @pytest.fixture(scope="module")
 def ui_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    tmp = tmp_path_factory.mktemp("ui-stack")
-    redis = RedisServer(tmp / "redis").start()
-    running = start_stack(tmp, f"sqlite:///{tmp / 'torchyard.db'}", redis)
-    yield running
-    running.stack.stop()
-    redis.stop()
+    with sqlite_stack(tmp_path_factory.mktemp("ui-stack")) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -444,8 +440,12 @@ def test_where_a_later_attempt_took_over_is_drawn_on_the_charts(page: Page, ui_s
     shot(page, "run-detail-attempt-boundary")
 
 
-def test_a_sampled_step_is_served_and_drawn_as_every_ranks_timeline(page: Page, ui_stack: RunningStack) -> None:
-    run = ui_stack.client.submit(name="ui-profiled", steps=20, params={"hidden": 256}, profile_every=10)
+def test_a_sampled_step_is_served_and_drawn_as_every_ranks_timeline_next_to_the_checkpoints(
+    page: Page, ui_stack: RunningStack
+) -> None:
+    run = ui_stack.client.submit(
+        name="ui-profiled", steps=20, params={"hidden": 256}, profile_every=10, checkpoint_every=10
+    )
     ui_stack.client.wait_status(run["id"], {"succeeded"}, timeout=120)
     http, base = ui_stack.client.http, f"/api/v1/runs/{run['id']}"
     listed = http.get(f"{base}/profiles").json()
@@ -485,3 +485,7 @@ def test_a_sampled_step_is_served_and_drawn_as_every_ranks_timeline(page: Page, 
     card.get_by_test_id("sampled-step-select").select_option("10")
     expect(card.locator(".timeline-axis")).to_contain_text("step 10")
     shot(page, "run-detail-sampled-step")
+    saved = page.get_by_test_id("checkpoints").locator("tr[data-step='10']")
+    expect(saved.get_by_role("link", name="Download")).to_have_attribute(
+        "href", f"/api/v1/runs/{run['id']}/checkpoints/10/download"
+    )
