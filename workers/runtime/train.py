@@ -152,6 +152,14 @@ def train(spec: RunSpec) -> None:
             scalars.update(memory_figures(device))
             torchyard.log(step, **scalars)
 
+    def save(root: Path, step: int) -> Path:
+        # Every point up to this step is in Redis before the checkpoint exists: a rank killed
+        # after it loses only points a resumed attempt logs again.
+        emit(timer.flush())
+        if not torchyard.flush(timeout=60):
+            say(f"rank {rank}/{world}: metrics up to step {step} not all in Redis yet at the checkpoint")
+        return checkpoint.save(root, step, strategy)
+
     vote = CancelVote() if checkpoints and _cancel["save"] else None
     started = time.perf_counter()
     for step in range(done + 1, t.steps + 1):
@@ -193,17 +201,11 @@ def train(spec: RunSpec) -> None:
             torchyard.sdk.log_timeline(step, timeline)
         saved = None
         if checkpoints and t.checkpoint_every and step % t.checkpoint_every == 0 and step < t.steps:
-            # Every point up to this step is in Redis before the checkpoint exists: a rank killed
-            # after it loses only points a resumed attempt logs again.
-            emit(timer.flush())
-            if not torchyard.flush(timeout=60):
-                say(f"rank {rank}/{world}: metrics up to step {step} not all in Redis yet at the checkpoint")
-            saved = checkpoint.save(checkpoints, step, strategy)
+            saved = save(checkpoints, step)
             if rank == 0:
                 say(f"checkpoint saved at step {step}: {saved}")
         if vote is not None and checkpoints and step < t.steps and vote.agreed():
-            saved = saved or checkpoint.save(checkpoints, step, strategy)
-            emit(timer.flush())
+            saved = saved or save(checkpoints, step)
             say(f"rank {rank}/{world}: cancelled; checkpoint saved at step {step}: {saved}")
             raise SystemExit(128 + signal.SIGTERM)
     if vote is not None:
