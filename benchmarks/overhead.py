@@ -1,8 +1,10 @@
 """Instrumentation overhead per strategy: the same training loop bare (torch's hooks and comms, no
 CommTimer, no SDK) and with every always-on instrumentation (timed hooks/comms, per-step figures,
-memory figures and ``torchyard.log`` into a real Redis, as ``workers/runtime/train.py`` does), two ways:
+memory figures and the SDK into a real Redis, through the same ``StepLog`` as
+``workers/runtime/train.py``), two ways:
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.overhead [--quick]
+        [--workload mlp|charlm] [--hidden 256]
 
 1. **Paired, interleaved.** Both variants are built side by side (same weights, same data) and run
    in short blocks of ``--steps`` steps in ABBA order (bare, timed, timed, bare: a linear drift
@@ -11,13 +13,16 @@ memory figures and ``torchyard.log`` into a real Redis, as ``workers/runtime/tra
    (order statistics) and the mean paired difference with a t-style 95 % CI. On a busy machine
    this still jitters by about a percent: it bounds the overhead, it does not pin it.
 2. **Measured directly (the number held to ≤ 1 %).** A third, instrumented build runs with every
-   piece of instrumentation code wrapped in ``perf_counter_ns`` accounting: CommTimer's methods
-   and future callbacks, the strategies' timed hooks / all-gathers / reduce-scatters / ``dist``
-   stand-ins / P2P wrapper, the loop's per-step figures, ``memory_figures`` and ``torchyard.log``,
-   on whatever thread runs them (torch's own hooks and collectives nested inside are excluded),
-   plus the CPU time of the SDK's writer thread (encode + XADD). Exclusive time, summed over
-   threads, per step, as a fraction of the bare step: noise-free up to the accounting's own
-   cost (~0.1–0.2 µs per wrapped call, charged to the instrumentation: an upper bound).
+   piece of instrumentation code wrapped in accounting: CommTimer's methods and future callbacks,
+   the strategies' timed hooks / all-gathers / reduce-scatters / ``dist`` stand-ins / P2P wrapper,
+   the loop's per-step figures (``StepLog``: figures, memory, SDK log), on whatever thread runs
+   them (torch's own hooks and collectives nested inside are excluded), plus the CPU time of the
+   SDK's writer thread (encode + XADD). Exclusive time, summed over threads, per step, as a
+   fraction of the bare step. ``--clock cpu`` (default) counts each thread's CPU time: the work
+   the instrumentation adds; ``--clock wall`` counts wall time, which on a machine whose cores the
+   ranks oversubscribe (2 ranks + their Gloo threads on 2 cores here) also charges the
+   instrumentation for being preempted, often by the collective it just launched: an upper bound.
+   The accounting's own cost per wrapped call is measured in place and shown.
 
 Rank 0 prints one table per strategy, then a summary. ``--quick``: about a minute in all.
 """
@@ -42,13 +47,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.distributed.algorithms.model_averaging import utils as averaging_utils
-from torch.distributed.optim import zero_redundancy_optimizer as zero_module
 from torch.distributed.pipelining import schedules as schedules_module
 
 from torchyard import sdk
 from torchyard.spec import RunSpec
 from workers.runtime import comm, strategies
-from workers.runtime.comm import CommTimer
+from workers.runtime.comm import CommTimer, StepLog
 from workers.runtime.strategies.base import Strategy
 from workers.runtime.train import batches, seed_everything
 from workers.runtime.workloads import build
@@ -67,19 +71,26 @@ STRATEGIES: dict[str, dict[str, object]] = {
 PATCH_POINTS: list[tuple[Any, str]] = [
     (powerSGD_hook, "dist"),
     (averaging_utils, "dist"),
-    (zero_module, "dist"),
     (schedules_module, "_batch_p2p"),
 ]
 
 
-def spec_for(strategy: dict[str, object], world: int, device: str, hidden: int = 256) -> RunSpec:
+def workload_for(name: str, hidden: int) -> dict[str, object]:
+    if name == "charlm":  # the strategies benchmark's model
+        from benchmarks.strategies import CHARLM
+
+        return dict(CHARLM)
+    return {"name": "mlp", "params": {"hidden": hidden, "layers": 3, "samples": 8192}}
+
+
+def spec_for(strategy: dict[str, object], world: int, device: str, workload: dict[str, object]) -> RunSpec:
     return RunSpec.model_validate(
         {
             "name": "overhead",
-            "workload": {"name": "mlp", "params": {"hidden": hidden, "layers": 3, "samples": 8192}},
+            "workload": workload,
             "strategy": strategy,
             "resources": {"procs_per_node": world, "device": device},
-            "training": {"steps": 1000, "batch_size": 128, "lr": 0.01, "seed": 0},
+            "training": {"steps": 1000, "batch_size": 128 if workload["name"] == "mlp" else 32, "lr": 0.01, "seed": 0},
         }
     )
 
@@ -102,12 +113,19 @@ class _Cell:
         self.main = threading.current_thread() is threading.main_thread()
 
 
-class Accounting:
-    """Exclusive wall time inside instrumentation code, per thread: at each entry/exit of a wrapped
-    function the time since the last transition goes to the frame on top of the thread's stack,
-    if that frame is instrumentation. Torch calls nested inside (``excluded``) are not charged."""
+CLOCKS: dict[str, Callable[[], int]] = {"cpu": time.thread_time_ns, "wall": time.perf_counter_ns}
 
-    def __init__(self) -> None:
+
+class Accounting:
+    """Exclusive time inside instrumentation code, per thread: at each entry/exit of a wrapped
+    function the time since the last transition goes to the frame on top of the thread's stack,
+    if that frame is instrumentation. Torch calls nested inside (``excluded``) are not charged.
+    The clock: the thread's CPU time (the work the instrumentation adds), or wall time (which also
+    charges it for being preempted, e.g. by the Gloo threads of the collective it just launched,
+    when ranks share too few cores: an upper bound)."""
+
+    def __init__(self, clock: Callable[[], int] = time.thread_time_ns) -> None:
+        self.clock = clock
         self._local = threading.local()
         self._cells: list[_Cell] = []
         self._lock = threading.Lock()
@@ -133,7 +151,7 @@ class Accounting:
             out["calls"] += cell.calls
         return out
 
-    def wall_ns(self) -> int:
+    def ns(self) -> int:
         return sum(cell.ns for cell in self._cells)
 
     def by_name(self) -> dict[str, int]:
@@ -145,7 +163,7 @@ class Accounting:
 
     def wrap(self, fn: Callable[..., Any], name: str | None) -> Callable[..., Any]:
         """``fn`` accounted as instrumentation (``name``) or excluded (``None``)."""
-        cell_of, clock = self._cell, time.perf_counter_ns
+        cell_of, clock = self._cell, self.clock
 
         @functools.wraps(fn)
         def accounted(*args: Any, **kwargs: Any) -> Any:
@@ -209,12 +227,10 @@ class _WorkProxy:
 
     def __init__(self, acct: Accounting, work: Any) -> None:
         self._acct, self._work = acct, work
+        self.wait = acct.excluded(work.wait)  # made once: making it in wait() would be charged there
 
     def get_future(self) -> Any:
         return _FutureProxy(self._acct, self._work.get_future(), "work callback")
-
-    def wait(self, *args: Any, **kwargs: Any) -> Any:
-        return self._acct.excluded(self._work.wait)(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._work, name)
@@ -332,13 +348,14 @@ class Variant:
     timer: CommTimer | None = field(init=False)
     patches: dict[tuple[int, str], Any] = field(default_factory=dict)
     step_no: int = 0
-    pending: dict[int, dict[str, float]] = field(default_factory=dict)
+    step_log: StepLog | None = None
 
     def __post_init__(self) -> None:
         rank, world = dist.get_rank(), dist.get_world_size()
         seed_everything(0)
         workload = build(self.spec)
         self.timer = CommTimer(world, self.device) if self.instrumented else None
+        self.step_log = StepLog(self.timer, sdk.log_floats) if self.timer is not None else None
         self.strategy = strategies.build(self.spec, workload, self.device, self.timer)
         self.patches = {(i, name): getattr(owner, name) for i, (owner, name) in enumerate(PATCH_POINTS)}
         self.per_rank = (
@@ -367,8 +384,7 @@ class Variant:
 
     def bookkeeping(self, loss: torch.Tensor | None, t0: float, t1: float) -> None:
         """What train.py does after each (logged: log_every=1) step."""
-        timer = self.timer
-        assert timer is not None
+        assert self.step_log is not None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         step_time = time.perf_counter() - t0
@@ -381,17 +397,8 @@ class Variant:
         if loss is not None:
             scalars["loss"] = float(loss.detach())
         scalars.update(self.strategy.extra_metrics())
-        self.pending[self.step_no] = scalars
-        for step, figures in timer.end_step():
-            out = self.pending.pop(step, None)
-            if out is None:
-                continue
-            figures.pop("comm_ops", None)
-            out["compute_time_s"] = max(0.0, out["step_time_s"] - out["data_time_s"] - figures["exposed_comm_s"])
-            out.update(figures)
-            out["comm_fraction"] = figures["exposed_comm_s"] / out["step_time_s"]
-            out.update(comm.memory_figures(self.device))
-            sdk.log(step, **out)
+        self.step_log.hold(self.step_no, scalars)
+        self.step_log.end_step()
 
     def block(self, steps: int) -> float:
         """Seconds for ``steps`` steps, started together on every rank."""
@@ -407,8 +414,8 @@ class Variant:
         return time.perf_counter() - t0
 
     def close(self) -> None:
-        if self.timer is not None:
-            self.timer.flush()
+        if self.step_log is not None:
+            self.step_log.flush()
         self.strategy.close()
 
 
@@ -434,7 +441,9 @@ def agree(value: float) -> float:
     return float(box[0])
 
 
-def measure(spec: RunSpec, device: torch.device, block: int, seconds: float, min_quads: int) -> dict[str, Any]:
+def measure(
+    spec: RunSpec, device: torch.device, block: int, seconds: float, min_quads: int, clock: str = "cpu"
+) -> dict[str, Any]:
     bare, timed = Variant(spec, device, False), Variant(spec, device, True)
     for _ in range(3):  # warm-up: DDP rebuilds its buckets, PowerSGD/local SGD leave their warm-up
         bare.block(block)
@@ -450,7 +459,7 @@ def measure(spec: RunSpec, device: torch.device, block: int, seconds: float, min
     bare.use()
     sdk.flush()
     # the direct measurement: an instrumented build with its instrumentation accounted
-    acct = Accounting()
+    acct = Accounting(CLOCKS[clock])
     with accounted_instrumentation(acct):
         probe_timed = Variant(spec, device, True)
         probe_timed.after = acct.counted(probe_timed.bookkeeping, "per-step figures + log")
@@ -461,7 +470,7 @@ def measure(spec: RunSpec, device: torch.device, block: int, seconds: float, min
             probe_timed.block(block)
         sdk.flush()
         acct.reset()
-        calibration, noop = Accounting(), lambda: None
+        calibration, noop = Accounting(CLOCKS[clock]), lambda: None
         self_charge = calibration.counted(noop, "noop")
         blocks = int(agree(max(2, min(1000, seconds * 0.2 / probe))))
         per_step: list[float] = []  # instrumentation ns of each step, all threads but the SDK writer's
@@ -469,9 +478,9 @@ def measure(spec: RunSpec, device: torch.device, block: int, seconds: float, min
             probe_timed.use()
             dist.barrier()
             for _ in range(block):
-                before = acct.wall_ns()
+                before = acct.ns()
                 probe_timed.step()
-                per_step.append(acct.wall_ns() - before)
+                per_step.append(acct.ns() - before)
                 self_charge()  # in the same state as the accounted code: what one wrapper charges
         sdk.flush()
         probe_timed.close()
@@ -483,7 +492,7 @@ def measure(spec: RunSpec, device: torch.device, block: int, seconds: float, min
         "timed": times[True],
         "direct": {k: v / steps for k, v in totals.items()},
         "median_ns": statistics.median(per_step),
-        "charge_ns": calibration.wall_ns() / (blocks * block),
+        "charge_ns": calibration.ns() / (blocks * block),
         "by_name": {k: v / steps for k, v in by_name.items()},
     }
     ranks: list[Any] = [None] * dist.get_world_size()
@@ -523,7 +532,7 @@ def report(name: str, result: dict[str, Any]) -> tuple[str, ...]:
         f"{direct['calls']:.0f} wrapped calls/step)",
         f"  less the accounting's own cost {max(0.0, us - net_off):9.1f} µs/step = {max(0.0, us - net_off) / (bare_ms * 1e3) * 100:.3f} % "
         f"(≈ {worst['charge_ns'] / 1e3:.2f} µs charged per wrapped call, measured in place)",
-        f"  mean incl. preemptions         {mean_us:9.1f} µs/step = {mean_us / (bare_ms * 1e3) * 100:.3f} % "
+        f"  mean over steps                {mean_us:9.1f} µs/step = {mean_us / (bare_ms * 1e3) * 100:.3f} % "
         f"(training thread {direct['main'] / 1e3:.1f}, other threads {direct['other'] / 1e3:.1f})",
         "  largest parts (µs/step)        " + ", ".join(f"{k} {v / 1e3:.1f}" for k, v in top),
     ]
@@ -570,6 +579,20 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=list(STRATEGIES))
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument(
+        "--clock",
+        choices=list(CLOCKS),
+        default="cpu",
+        help="what the direct measurement counts: each thread's CPU time in instrumentation code, "
+        "or wall time (adds preemption while in it: an upper bound on an oversubscribed machine)",
+    )
+    parser.add_argument(
+        "--workload",
+        choices=["mlp", "charlm"],
+        default="mlp",
+        help="mlp (tiny steps: the hardest case for a fixed cost per step) or charlm "
+        "(the strategies benchmark's transformer, ~0.1 s steps on 2 CPU ranks)",
+    )
+    parser.add_argument(
         "--hidden",
         type=int,
         default=256,
@@ -589,11 +612,18 @@ def main() -> None:
     )
     world, rank = dist.get_world_size(), dist.get_rank()
     started = time.perf_counter()
+    workload = workload_for(args.workload, args.hidden)
+    shown = f"mlp hidden={args.hidden}" if args.workload == "mlp" else f"charlm {workload['params']}"
     rows = []
     with sdk_target():
         for name in args.only:
             result = measure(
-                spec_for(STRATEGIES[name], world, args.device, args.hidden), device, args.steps, seconds, args.reps
+                spec_for(STRATEGIES[name], world, args.device, workload),
+                device,
+                args.steps,
+                seconds,
+                args.reps,
+                args.clock,
             )
             if rank == 0:
                 rows.append(report(name, result))
@@ -608,7 +638,7 @@ def main() -> None:
                 )
             )
         print(
-            f"({world} ranks, {args.device}, mlp hidden={args.hidden}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
+            f"({world} ranks, {args.device}, {shown}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
             f"{time.perf_counter() - started:.0f} s; '% of step' = directly measured instrumentation time / bare step: "
             "the figure held to ≤ 1 %)",
             flush=True,

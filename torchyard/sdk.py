@@ -29,7 +29,7 @@ from typing import Any
 
 from torchyard import streams
 
-__all__ = ["flush", "log"]
+__all__ = ["flush", "log", "log_floats", "log_timeline"]
 
 _log = logging.getLogger("torchyard.sdk")
 
@@ -272,6 +272,12 @@ def log(step: int, **scalars: Any) -> None:
     values = {}
     for key, value in scalars.items():  # plain numbers inline: this runs every step of every rank
         values[key] = float(value) if type(value) is float or type(value) is int else _scalar(key, value)
+    _get().append(step, values)
+
+
+def log_floats(step: int, values: dict[str, float]) -> None:
+    """``log`` for callers whose values are already plain floats (the training loop's own figures,
+    every step of every rank): no checks, no copy; the caller hands ``values`` over."""
     _get().append(step, values)
 
 

@@ -63,7 +63,7 @@ class _State:
         self.samples = 0
         self.primary: weakref.ref[Any] | None = None
         self.comm_timed = False
-        self.pending: dict[int, dict[str, float]] = {}
+        self.steps: Any = None  # comm.StepLog: a step's scalars wait there for its comm figures
         self.first_forward: Any = None
         self.exit_flush = False
         self.register_original: Any = None  # DDP.register_comm_hook before our patch
@@ -153,6 +153,7 @@ def _begin(step: int) -> None:
             _state.device = torch.device("cuda", torch.cuda.current_device())  # events, not wall clock
         device = _state.device or torch.device("cpu")
         _state.timer = _state.comm.CommTimer(world, device)
+        _state.steps = _state.comm.StepLog(_state.timer, _log_floats, efficiency=False)  # no calibration here
         if distributed:
             _state.comm_timed = True  # every step reports comm figures (0 without collectives)
     _state.step, _state.samples = step, 0
@@ -180,38 +181,27 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             scalars["samples_per_s"] = _state.samples / step_time
         else:
             scalars["steps_per_s"] = 1.0 / step_time
-        _state.pending[_state.step] = scalars
-        _emit(_state.timer.end_step())
+        steps = _state.steps
+        steps.comm = _state.comm_timed  # a script without a process group: no comm figures
+        steps.hold(_state.step, scalars)
+        if steps.end_step() and not _state.exit_flush:
+            _state.exit_flush = True
+            atexit.register(_flush_at_exit)  # after the SDK's own: runs before it (atexit is LIFO)
         _begin(_state.step + 1)
     except Exception:
         _fail("optimizer.step")
 
 
-def _emit(ready: list[tuple[int, dict[str, float]]]) -> None:
-    import torchyard
+def _log_floats(step: int, values: dict[str, float]) -> None:
+    import torchyard.sdk
 
-    for step, comm in ready:
-        scalars = _state.pending.pop(step, None)
-        if scalars is None:
-            continue
-        if _state.comm_timed:
-            comm.pop("comm_ops", None)
-            comm.pop("busbw_efficiency", None)  # no calibration: it would run collectives the script did not
-            step_time = scalars["step_time_s"]
-            scalars["compute_time_s"] = max(0.0, step_time - comm["exposed_comm_s"])
-            scalars.update(comm)
-            scalars["comm_fraction"] = comm["exposed_comm_s"] / step_time if step_time > 0 else 0.0
-        scalars.update(_state.comm.memory_figures(_state.device or _state.torch.device("cpu")))
-        torchyard.log(step, **scalars)
-    if ready and not _state.exit_flush:
-        _state.exit_flush = True
-        atexit.register(_flush_at_exit)  # after the SDK's own: runs before it (atexit is LIFO)
+    torchyard.sdk.log_floats(step, values)
 
 
 def _flush_at_exit() -> None:
     try:
-        if not _state.disabled and _state.timer is not None:
-            _emit(_state.timer.flush())  # CUDA: the last step's events
+        if not _state.disabled and _state.steps is not None:
+            _state.steps.flush()  # CUDA: the last step's events
     except Exception:
         _fail("exit")
 

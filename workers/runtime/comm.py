@@ -24,6 +24,8 @@ compute end).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import resource
 import threading
@@ -93,15 +95,19 @@ def figures(
     world: int,
     extra_bytes: list[tuple[int, str]] | None = None,
 ) -> dict[str, float]:
-    """A step's communication figures from its intervals, in seconds since the step began."""
+    """A step's communication figures from its intervals (any common time origin)."""
     # plain loops, no generators: this runs at every step of every rank
-    comm_time = union_length([(s, e) for s, e, _, _ in comms]) if comms else 0.0
-    waited = union_length(exposed) if exposed else 0.0
     nbytes, bus_bytes, count = 0, 0.0, 0
-    for _, _, b, k in comms:
-        nbytes, bus_bytes, count = nbytes + b, bus_bytes + b * bus_factor(k, world), count + (b > 0)
+    spans = []
+    for s, e, b, k in comms:
+        spans.append((s, e))
+        if b > 0:
+            nbytes, bus_bytes, count = nbytes + b, bus_bytes + b * bus_factor(k, world), count + 1
     for b, k in extra_bytes or ():
-        nbytes, bus_bytes, count = nbytes + b, bus_bytes + b * bus_factor(k, world), count + (b > 0)
+        if b > 0:
+            nbytes, bus_bytes, count = nbytes + b, bus_bytes + b * bus_factor(k, world), count + 1
+    comm_time = union_length(spans) if spans else 0.0
+    waited = union_length(exposed) if exposed else 0.0
     return {
         "comm_time_s": comm_time,
         "exposed_comm_s": min(waited, comm_time) if comm_time > 0 else waited,
@@ -118,8 +124,11 @@ class CommTimer:
 
     def __init__(self, world: int, device: torch.device, inject_delay_s: float = 0.0) -> None:
         self.world = world
+        self.device = device
         self.cuda = device.type == "cuda"
-        self.calibration: dict[int, float] = {}  # message bytes -> achievable busbw (GB/s)
+        self._calibration: dict[int, float] = {}
+        self._bounds: list[float] = []  # geometric midpoints between calibrated sizes (nearest in log)
+        self._peaks: list[float] = []
         self.inject_delay_s = inject_delay_s  # tests: added to one collective on even steps
         self._step: _Step | None = None
         self._pending: list[_Step] = []  # CUDA: steps whose events are read a step later
@@ -127,6 +136,18 @@ class CommTimer:
         self._lock = threading.Lock()
         # a mark: on CPU the clock itself (no Python frame per call: this runs several times a step)
         self.now: Callable[[], Mark] = self._event if self.cuda else time.perf_counter
+
+    @property
+    def calibration(self) -> dict[int, float]:
+        """Message bytes -> achievable busbw (GB/s), measured at run start."""
+        return self._calibration
+
+    @calibration.setter
+    def calibration(self, measured: dict[int, float]) -> None:
+        sizes = sorted(measured)
+        self._calibration = {size: measured[size] for size in sizes}
+        self._bounds = [math.sqrt(a * b) for a, b in itertools.pairwise(sizes)]
+        self._peaks = [measured[size] for size in sizes]
 
     # -- marks ---------------------------------------------------------------------------------
 
@@ -158,11 +179,11 @@ class CommTimer:
             with self._lock:
                 self._step.comms.append((start, end, nbytes, kind))
 
-    def add_bytes(self, kind: str, nbytes: int) -> None:
-        """Bytes of a collective whose time is already covered by an enclosing interval."""
+    def add_bytes(self, kind: str, *sizes: int) -> None:
+        """Bytes of collectives whose time is already covered by an enclosing interval."""
         if self._step is not None:
             with self._lock:
-                self._step.extra_bytes.append((nbytes, kind))
+                self._step.extra_bytes.extend((nbytes, kind) for nbytes in sizes)
 
     def add_exposed(self, start: Mark, end: Mark) -> None:
         if self._step is not None:
@@ -226,28 +247,27 @@ class CommTimer:
         return [(s.step, self._figures(s)) for s in ready]
 
     def _figures(self, s: _Step) -> dict[str, float]:
-        origin = s.origin
         with self._lock:
-            if isinstance(origin, float):  # CPU: plain differences (one call fewer per mark)
-                comms = [(a - origin, b - origin, n, k) for a, b, n, k in s.comms]  # type: ignore[operator]
-                exposed = [(a - origin, b - origin) for a, b in s.exposed]  # type: ignore[operator]
-            else:
-                comms = [(self._seconds(origin, a), self._seconds(origin, b), n, k) for a, b, n, k in s.comms]
-                exposed = [(self._seconds(origin, a), self._seconds(origin, b)) for a, b in s.exposed]
-            extra = list(s.extra_bytes)
-        if s.tail_from is not None and comms:
-            exposed.append((self._seconds(origin, s.tail_from), max(e for _, e, _, _ in comms)))
-        out = figures(comms, exposed, self.world, extra)
+            comms, exposed, extra = list(s.comms), list(s.exposed), list(s.extra_bytes)
+        tail_from = s.tail_from
+        if not isinstance(s.origin, float):  # CUDA events: seconds since the step began
+            origin, seconds = s.origin, self._seconds
+            comms = [(seconds(origin, a), seconds(origin, b), n, k) for a, b, n, k in comms]
+            exposed = [(seconds(origin, a), seconds(origin, b)) for a, b in exposed]
+            tail_from = None if tail_from is None else seconds(origin, tail_from)
+        # CPU: perf_counter readings as they are (unions and differences need no common zero)
+        if tail_from is not None and comms:
+            exposed.append((tail_from, max(e for _, e, _, _ in comms)))  # type: ignore[type-var]
+        out = figures(comms, exposed, self.world, extra)  # type: ignore[arg-type]
         out["busbw_efficiency"] = self.efficiency(out)
         return out
 
     def efficiency(self, fig: dict[str, float]) -> float:
-        """Achieved busbw / the calibrated busbw at the step's mean message size (nearest size)."""
-        if not self.calibration or fig["comm_ops"] <= 0 or fig["busbw_GBps"] <= 0:
+        """Achieved busbw / the calibrated busbw at the step's mean message size (nearest size,
+        in log scale)."""
+        if not self._peaks or fig["comm_ops"] <= 0 or fig["busbw_GBps"] <= 0:
             return 0.0
-        size = fig["comm_bytes"] / fig["comm_ops"]
-        nearest = min(self.calibration, key=lambda c: abs(math.log(c) - math.log(max(size, 1.0))))
-        peak = self.calibration[nearest]
+        peak = self._peaks[bisect.bisect(self._bounds, fig["comm_bytes"] / fig["comm_ops"])]
         return fig["busbw_GBps"] / peak if peak > 0 else 0.0
 
 
@@ -305,9 +325,13 @@ class TimedDist:
     ``bytes_only``: the caller already times an enclosing interval; count bytes only."""
 
     def __init__(self, timer: CommTimer, bytes_only: bool = False) -> None:
+        # torch.distributed's names as plain attributes (a lookup, not a Python frame each time
+        # the torch module reads dist.get_world_size and the like), but for the timed ones
+        timed = {name for name in vars(TimedDist) if not name.startswith("_")}
+        self.__dict__.update({k: v for k, v in vars(dist).items() if not k.startswith("__") and k not in timed})
         self._timer, self._bytes_only = timer, bytes_only
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # whatever torch.distributed gained since
         return getattr(dist, name)
 
     def _run(self, kind: str, nbytes: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -347,3 +371,53 @@ def memory_figures(device: torch.device) -> dict[str, float]:
     if device.type == "cuda":
         out["cuda_max_allocated_bytes"] = float(torch.cuda.max_memory_allocated(device))
     return out
+
+
+class StepLog:
+    """The one place a step's metrics come together. The loop holds a logged step's own scalars
+    (``step_time_s``, optionally ``data_time_s``, ...) here until the timer's figures for that step
+    are readable (at its end on CPU, a step later on CUDA); then they get ``compute_time_s``
+    (step − data − exposed comm), the comm figures, ``comm_fraction`` and the memory high-water
+    marks, and go to ``log`` (``torchyard.sdk.log_floats``). ``comm=False``: no collectives
+    are timed (a script without a process group); ``efficiency=False``: no calibration ran."""
+
+    def __init__(
+        self,
+        timer: CommTimer,
+        log: Callable[[int, dict[str, float]], None],
+        comm: bool = True,
+        efficiency: bool = True,
+    ) -> None:
+        self.timer, self.log, self.comm, self.efficiency = timer, log, comm, efficiency
+        self.pending: dict[int, dict[str, float]] = {}
+
+    def hold(self, step: int, scalars: dict[str, float]) -> None:
+        self.pending[step] = scalars
+
+    def end_step(self) -> int:
+        """Close the timer's step and log every held step whose figures are now readable; returns
+        how many were logged."""
+        return self.emit(self.timer.end_step())
+
+    def flush(self) -> int:
+        """Log what is still held (CUDA: the last step, whose events were not read yet)."""
+        return self.emit(self.timer.flush())
+
+    def emit(self, ready: list[tuple[int, dict[str, float]]]) -> int:
+        logged = 0
+        for step, fig in ready:
+            scalars = self.pending.pop(step, None)
+            if scalars is None:
+                continue
+            if self.comm:
+                step_time, exposed = scalars["step_time_s"], fig["exposed_comm_s"]
+                scalars["compute_time_s"] = max(0.0, step_time - scalars.get("data_time_s", 0.0) - exposed)
+                del fig["comm_ops"]
+                if not self.efficiency:
+                    del fig["busbw_efficiency"]
+                scalars.update(fig)
+                scalars["comm_fraction"] = exposed / step_time if step_time > 0 else 0.0
+            scalars.update(memory_figures(self.timer.device))
+            self.log(step, scalars)
+            logged += 1
+        return logged

@@ -30,7 +30,7 @@ import torchyard
 from torchyard.spec import RunSpec
 from workers.runtime import checkpoint, profiling, strategies
 from workers.runtime.calibrate import calibrate
-from workers.runtime.comm import CommTimer, memory_figures
+from workers.runtime.comm import CommTimer, StepLog
 from workers.runtime.workloads import Batch, Workload, as_batch, build
 
 _cancel = {"save": False, "requested": False}  # save on cancel: set in main(); the SIGTERM handler notes one
@@ -137,25 +137,12 @@ def train(spec: RunSpec) -> None:
     )
 
     print_every = max(1, t.steps // 10)
-    pending: dict[int, dict[str, float]] = {}  # logged steps waiting for their comm figures (CUDA: a step)
-
-    def emit(ready: list[tuple[int, dict[str, float]]]) -> None:
-        for step, comm in ready:
-            scalars = pending.pop(step, None)
-            if scalars is None:
-                continue
-            comm.pop("comm_ops", None)
-            step_time = scalars["step_time_s"]
-            scalars["compute_time_s"] = max(0.0, step_time - scalars["data_time_s"] - comm["exposed_comm_s"])
-            scalars.update(comm)
-            scalars["comm_fraction"] = comm["exposed_comm_s"] / step_time
-            scalars.update(memory_figures(device))
-            torchyard.log(step, **scalars)
+    step_log = StepLog(timer, torchyard.sdk.log_floats)
 
     def save(root: Path, step: int) -> Path:
         # Every point up to this step is in Redis before the checkpoint exists: a rank killed
         # after it loses only points a resumed attempt logs again.
-        emit(timer.flush())
+        step_log.flush()
         if not torchyard.flush(timeout=60):
             say(f"rank {rank}/{world}: metrics up to step {step} not all in Redis yet at the checkpoint")
         return checkpoint.save(root, step, strategy)
@@ -190,11 +177,11 @@ def train(spec: RunSpec) -> None:
                 if workload.tokens_per_sample:
                     scalars["tokens_per_s"] = per_rank * workload.tokens_per_sample / step_time
                 scalars.update(strategy.extra_metrics())
-                pending[step] = scalars
+                step_log.hold(step, scalars)
             if step % print_every == 0 or step == t.steps:
                 shown = f"loss {loss_value:.4f}" if loss_value is not None else "(no loss on this stage)"
                 say(f"step {step}/{t.steps} {shown} {step_time * 1e3:.1f} ms/step")
-        emit(timer.end_step())
+        step_log.end_step()
         if prof is not None:
             trace_figures, timeline = profiling.analyze(prof, cuda, step)
             torchyard.log(step, **trace_figures)
@@ -210,7 +197,7 @@ def train(spec: RunSpec) -> None:
             raise SystemExit(128 + signal.SIGTERM)
     if vote is not None:
         vote.close()
-    emit(timer.flush())
+    step_log.flush()
     strategy.close()
     elapsed = time.perf_counter() - started
     ran = t.steps - done
