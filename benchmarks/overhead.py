@@ -4,7 +4,7 @@ memory figures and the SDK into a real Redis, through the same ``StepLog`` as
 ``workers/runtime/train.py``), two ways:
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m benchmarks.overhead [--quick]
-        [--workload mlp|charlm] [--hidden 256]
+        [--workload charlm|mlp] [--hidden 256]
 
 1. **Paired, interleaved.** Both variants are built side by side (same weights, same data) and run
    in short blocks of ``--steps`` steps in ABBA order (bare, timed, timed, bare: a linear drift
@@ -574,7 +574,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="about a minute in all (default: ~5 min)")
     parser.add_argument("--seconds", type=float, help="measuring time per strategy (default 28; --quick 4.5)")
-    parser.add_argument("--steps", type=int, default=8, help="steps per block (a multiple of local SGD's period)")
+    parser.add_argument(
+        "--steps", type=int, help="steps per block, a multiple of local SGD's period (default: charlm 4, mlp 8)"
+    )
     parser.add_argument("--reps", type=int, default=5, help="at least this many ABBA quads")
     parser.add_argument("--only", nargs="*", default=list(STRATEGIES))
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -588,9 +590,9 @@ def main() -> None:
     parser.add_argument(
         "--workload",
         choices=["mlp", "charlm"],
-        default="mlp",
-        help="mlp (tiny steps: the hardest case for a fixed cost per step) or charlm "
-        "(the strategies benchmark's transformer, ~0.1 s steps on 2 CPU ranks)",
+        default="charlm",
+        help="charlm (the strategies benchmark's transformer: 57-92 ms steps on 2 CPU ranks here) or mlp "
+        "(tiny steps, --hidden: the hardest case for a fixed cost per step)",
     )
     parser.add_argument(
         "--hidden",
@@ -620,7 +622,7 @@ def main() -> None:
             result = measure(
                 spec_for(STRATEGIES[name], world, args.device, workload),
                 device,
-                args.steps,
+                args.steps or (4 if args.workload == "charlm" else 8),
                 seconds,
                 args.reps,
                 args.clock,
