@@ -372,32 +372,20 @@ class Variant:
 
     def step(self) -> None:
         self.step_no += 1
+        if self.timer is not None:
+            self.timer.begin_step(self.step_no)
         t0 = time.perf_counter()
         batch = tuple(x.to(self.device, non_blocking=True) for x in next(self.data))
         t1 = time.perf_counter()
-        if self.timer is None:
-            self.strategy.train_step(batch)
-            return
-        self.timer.begin_step(self.step_no)
         loss = self.strategy.train_step(batch)
-        self.after(loss, t0, t1)
+        if self.timer is not None:
+            self.after(loss, t0, t1)
 
     def bookkeeping(self, loss: torch.Tensor | None, t0: float, t1: float) -> None:
         """What train.py does after each (logged: log_every=1) step."""
         assert self.step_log is not None
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        step_time = time.perf_counter() - t0
-        scalars = {
-            "lr": self.strategy.lr,
-            "step_time_s": step_time,
-            "samples_per_s": self.per_rank / step_time,
-            "data_time_s": t1 - t0,
-        }
-        if loss is not None:
-            scalars["loss"] = float(loss.detach())
-        scalars.update(self.strategy.extra_metrics())
-        self.step_log.hold(self.step_no, scalars)
+        scalars = {"lr": self.strategy.lr, "data_time_s": t1 - t0, **self.strategy.extra_metrics()}
+        self.step_log.hold(self.step_no, scalars, per_step={"samples_per_s": float(self.per_rank)}, loss=loss)
         self.step_log.end_step()
 
     def block(self, steps: int) -> float:

@@ -7,7 +7,16 @@ import time
 import pytest
 import torch
 
-from workers.runtime.comm import ALL_GATHER, ALL_REDUCE, BROADCAST, CommTimer, bus_factor, figures, union_length
+from workers.runtime.comm import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    BROADCAST,
+    CommTimer,
+    StepLog,
+    bus_factor,
+    figures,
+    union_length,
+)
 
 
 def test_union_counts_overlaps_once_and_ignores_empty_intervals() -> None:
@@ -53,7 +62,30 @@ def test_a_step_without_collectives_reports_zeros() -> None:
     timer = CommTimer(2, torch.device("cpu"))
     timer.begin_step(3)
     ((_, fig),) = timer.end_step()
+    assert 0 <= fig.pop("step_time_s") < 0.01
     assert fig == {
         "comm_time_s": 0, "exposed_comm_s": 0, "comm_bytes": 0, "comm_ops": 0,
         "algbw_GBps": 0, "busbw_GBps": 0, "busbw_efficiency": 0,
     }  # fmt: skip
+
+
+def test_step_log_completes_a_step_from_the_timers_marks() -> None:
+    """Step time from the timer's begin/end marks; rates, loss, compute and comm fraction from it."""
+    timer, logged = CommTimer(2, torch.device("cpu")), []
+    steps = StepLog(timer, lambda step, values: logged.append((step, values)))
+    timer.begin_step(7)
+    start = timer.now()
+    time.sleep(0.02)
+    timer.call(ALL_REDUCE, 1000, time.sleep, 0.01)  # blocking: 10 ms in flight and waited for
+    steps.hold(7, {"data_time_s": 0.005}, per_step={"samples_per_s": 64.0}, loss=torch.tensor(2.5))
+    assert steps.end_step() == 1
+    ((step, values),) = logged
+    assert step == 7 and values["loss"] == 2.5
+    assert 0.03 <= values["step_time_s"] < 0.03 + (timer.now() - start)
+    assert values["samples_per_s"] == pytest.approx(64 / values["step_time_s"])
+    assert values["exposed_comm_s"] == pytest.approx(0.01, abs=0.005)
+    assert values["compute_time_s"] == pytest.approx(values["step_time_s"] - 0.005 - values["exposed_comm_s"])
+    assert values["comm_fraction"] == pytest.approx(values["exposed_comm_s"] / values["step_time_s"])
+    assert "comm_ops" not in values and values["max_rss_bytes"] > 0
+    steps.hold(8, {})  # not logged: no step 8 was timed
+    assert steps.flush() == 0

@@ -28,7 +28,8 @@ for ``import torch`` (an import hook, so torch is never imported early) and then
 
 Per rank and step it logs through the SDK: ``step_time_s``, ``samples_per_s`` or ``steps_per_s``,
 ``max_rss_bytes``, and with DDP the comm figures, ``compute_time_s`` and ``comm_fraction``. On CUDA
-it synchronizes at each step's end (as the built-in loop does on logged steps).
+the step's begin and end marks are CUDA events read a step later (``comm.StepLog``): the script's
+steps are never synchronized by us.
 
 Any failure in here is printed once; the rank then goes on uninstrumented.
 """
@@ -43,7 +44,6 @@ import inspect
 import os
 import sys
 import threading
-import time
 import traceback
 import weakref
 from typing import Any
@@ -59,7 +59,6 @@ class _State:
         self.timer: Any = None
         self.device: Any = None
         self.step = 0  # the step being measured; 0 before the first forward
-        self.step_start = 0.0
         self.samples = 0
         self.primary: weakref.ref[Any] | None = None
         self.comm_timed = False
@@ -158,7 +157,6 @@ def _begin(step: int) -> None:
             _state.comm_timed = True  # every step reports comm figures (0 without collectives)
     _state.step, _state.samples = step, 0
     _state.timer.begin_step(step)
-    _state.step_start = time.perf_counter()
 
 
 def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -172,18 +170,10 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         if _state.step == 0:  # no forward before the first step: measure from here on
             _begin(1)
             return
-        device = _state.device
-        if device is not None and device.type == "cuda":
-            _state.torch.cuda.synchronize(device)
-        step_time = time.perf_counter() - _state.step_start
-        scalars = {"step_time_s": step_time}
-        if _state.samples:
-            scalars["samples_per_s"] = _state.samples / step_time
-        else:
-            scalars["steps_per_s"] = 1.0 / step_time
+        per_step = {"samples_per_s": float(_state.samples)} if _state.samples else {"steps_per_s": 1.0}
         steps = _state.steps
         steps.comm = _state.comm_timed  # a script without a process group: no comm figures
-        steps.hold(_state.step, scalars)
+        steps.hold(_state.step, {}, per_step)
         if steps.end_step() and not _state.exit_flush:
             _state.exit_flush = True
             atexit.register(_flush_at_exit)  # after the SDK's own: runs before it (atexit is LIFO)

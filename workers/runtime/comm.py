@@ -83,6 +83,7 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
 class _Step:
     step: int
     origin: Mark
+    end: Mark | None = None  # end_step's mark
     comms: list[tuple[Mark, Mark, int, str]] = field(default_factory=list)
     exposed: list[tuple[Mark, Mark]] = field(default_factory=list)
     tail_from: Mark | None = None  # exposed also = [tail_from, last comm end] (DDP)
@@ -172,6 +173,7 @@ class CommTimer:
         return self._step.step if self._step else 0
 
     def begin_step(self, step: int) -> None:
+        """The step starts now: its time runs from this mark to :meth:`end_step`'s."""
         self._step = _Step(step, self.now())
 
     def add(self, kind: str, nbytes: int, start: Mark, end: Mark) -> None:
@@ -232,11 +234,12 @@ class CommTimer:
     # -- figures -------------------------------------------------------------------------------
 
     def end_step(self) -> list[tuple[int, dict[str, float]]]:
-        """Close the current step; return (step, figures) for the steps now readable: this one on
-        CPU, the previous one on CUDA."""
+        """Close the current step (its end mark: now); return (step, figures) for the steps now
+        readable: this one on CPU, the previous one on CUDA."""
         current, self._step = self._step, None
         if current is None:
             return []
+        current.end = self.now()
         if not self.cuda:
             return [(current.step, self._figures(current))]
         ready, self._pending = self._pending, [current]
@@ -260,6 +263,7 @@ class CommTimer:
             exposed.append((tail_from, max(e for _, e, _, _ in comms)))  # type: ignore[type-var]
         out = figures(comms, exposed, self.world, extra)  # type: ignore[arg-type]
         out["busbw_efficiency"] = self.efficiency(out)
+        out["step_time_s"] = 0.0 if s.end is None else self._seconds(s.origin, s.end)
         return out
 
     def efficiency(self, fig: dict[str, float]) -> float:
@@ -375,11 +379,14 @@ def memory_figures(device: torch.device) -> dict[str, float]:
 
 class StepLog:
     """The one place a step's metrics come together. The loop holds a logged step's own scalars
-    (``step_time_s``, optionally ``data_time_s``, ...) here until the timer's figures for that step
-    are readable (at its end on CPU, a step later on CUDA); then they get ``compute_time_s``
-    (step − data − exposed comm), the comm figures, ``comm_fraction`` and the memory high-water
-    marks, and go to ``log`` (``torchyard.sdk.log_floats``). ``comm=False``: no collectives
-    are timed (a script without a process group); ``efficiency=False``: no calibration ran."""
+    (``lr``, ``data_time_s``, ...) here, with its loss tensor and the counts that become rates,
+    until the timer's figures for the step are readable (at its end on CPU, a step later on CUDA);
+    then they get ``step_time_s`` (the timer's begin/end marks: on CUDA events, so no device-wide
+    sync), the rates (``samples_per_s`` = samples / step_time_s, ...), ``loss``,
+    ``compute_time_s`` (step − data − exposed comm), the comm figures, ``comm_fraction`` and the
+    memory high-water marks, and go to ``log`` (``torchyard.sdk.log_floats``). ``comm=False``: no
+    collectives are timed (a script without a process group); ``efficiency=False``: no
+    calibration ran."""
 
     def __init__(
         self,
@@ -389,10 +396,23 @@ class StepLog:
         efficiency: bool = True,
     ) -> None:
         self.timer, self.log, self.comm, self.efficiency = timer, log, comm, efficiency
-        self.pending: dict[int, dict[str, float]] = {}
+        self.pending: dict[int, tuple[dict[str, float], dict[str, float], torch.Tensor | None]] = {}
 
-    def hold(self, step: int, scalars: dict[str, float]) -> None:
-        self.pending[step] = scalars
+    def hold(
+        self,
+        step: int,
+        scalars: dict[str, float],
+        per_step: dict[str, float] | None = None,
+        loss: torch.Tensor | None = None,
+    ) -> None:
+        """Before :meth:`end_step`. ``per_step``: rate name -> count in this step (``samples_per_s``:
+        the batch). ``loss``: read when the figures are; on CUDA copied to the host here without
+        waiting, in stream order before the step's end mark, so it is there when that mark is."""
+        if loss is not None:
+            loss = loss.detach()
+            if loss.is_cuda:
+                loss = loss.to("cpu", non_blocking=True)  # into pinned memory: no sync
+        self.pending[step] = (scalars, per_step or {}, loss)
 
     def end_step(self) -> int:
         """Close the timer's step and log every held step whose figures are now readable; returns
@@ -406,11 +426,17 @@ class StepLog:
     def emit(self, ready: list[tuple[int, dict[str, float]]]) -> int:
         logged = 0
         for step, fig in ready:
-            scalars = self.pending.pop(step, None)
-            if scalars is None:
+            held = self.pending.pop(step, None)
+            if held is None:
                 continue
+            scalars, per_step, loss = held
+            step_time = scalars["step_time_s"] = fig.pop("step_time_s")
+            for name, count in per_step.items():
+                scalars[name] = count / step_time if step_time > 0 else 0.0
+            if loss is not None:
+                scalars["loss"] = float(loss)
             if self.comm:
-                step_time, exposed = scalars["step_time_s"], fig["exposed_comm_s"]
+                exposed = fig["exposed_comm_s"]
                 scalars["compute_time_s"] = max(0.0, step_time - scalars.get("data_time_s", 0.0) - exposed)
                 del fig["comm_ops"]
                 if not self.efficiency:

@@ -138,6 +138,9 @@ def train(spec: RunSpec) -> None:
 
     print_every = max(1, t.steps // 10)
     step_log = StepLog(timer, torchyard.sdk.log_floats)
+    rates = {"samples_per_s": float(per_rank)}
+    if workload.tokens_per_sample:
+        rates["tokens_per_s"] = float(per_rank * workload.tokens_per_sample)
 
     def save(root: Path, step: int) -> Path:
         # Every point up to this step is in Redis before the checkpoint exists: a rank killed
@@ -152,36 +155,23 @@ def train(spec: RunSpec) -> None:
     for step in range(done + 1, t.steps + 1):
         logged = step % t.log_every == 0 or step == t.steps
         t0 = time.perf_counter()
+        timer.begin_step(step)
         batch = tuple(x.to(device, non_blocking=True) for x in next(data))
         t1 = time.perf_counter()
         if workload.before_step is not None:
             workload.before_step(step)
-        timer.begin_step(step)
         sampled = t.profile_every and step % t.profile_every == 0
         with profiling.capture(cuda) if sampled else contextlib.nullcontext() as prof:
             loss = strategy.train_step(batch)
-        if logged or step % print_every == 0:
+        if logged:  # step time and loss come with the timer's figures: on CUDA a step later, no sync
+            scalars = {"lr": strategy.lr, "data_time_s": t1 - t0, **strategy.extra_metrics()}
+            step_log.hold(step, scalars, per_step=rates, loss=loss)
+        step_log.end_step()
+        if step % print_every == 0 or step == t.steps:  # a few lines a run: these may wait for the device
+            shown = f"loss {float(loss.detach()):.4f}" if loss is not None else "(no loss on this stage)"
             if cuda:
                 torch.cuda.synchronize(device)
-            step_time = time.perf_counter() - t0
-            loss_value = float(loss.detach()) if loss is not None else None
-            if logged:
-                scalars = {
-                    "lr": strategy.lr,
-                    "step_time_s": step_time,
-                    "samples_per_s": per_rank / step_time,
-                    "data_time_s": t1 - t0,
-                }
-                if loss_value is not None:
-                    scalars["loss"] = loss_value
-                if workload.tokens_per_sample:
-                    scalars["tokens_per_s"] = per_rank * workload.tokens_per_sample / step_time
-                scalars.update(strategy.extra_metrics())
-                step_log.hold(step, scalars)
-            if step % print_every == 0 or step == t.steps:
-                shown = f"loss {loss_value:.4f}" if loss_value is not None else "(no loss on this stage)"
-                say(f"step {step}/{t.steps} {shown} {step_time * 1e3:.1f} ms/step")
-        step_log.end_step()
+            say(f"step {step}/{t.steps} {shown} {(time.perf_counter() - t0) * 1e3:.1f} ms/step")
         if prof is not None:
             trace_figures, timeline = profiling.analyze(prof, cuda, step)
             torchyard.log(step, **trace_figures)
