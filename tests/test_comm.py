@@ -12,11 +12,11 @@ from workers.runtime.comm import (
     ALL_REDUCE,
     BROADCAST,
     CommTimer,
-    StepLog,
     bus_factor,
     figures,
     union_length,
 )
+from workers.runtime.steplog import StepLog
 
 
 def test_union_counts_overlaps_once_and_ignores_empty_intervals() -> None:

@@ -28,7 +28,7 @@ for ``import torch`` (an import hook, so torch is never imported early) and then
 
 Per rank and step it logs through the SDK: ``step_time_s``, ``samples_per_s`` or ``steps_per_s``,
 ``max_rss_bytes``, and with DDP the comm figures, ``compute_time_s`` and ``comm_fraction``. On CUDA
-the step's begin and end marks are CUDA events read a step later (``comm.StepLog``): the script's
+the step's begin and end marks are CUDA events read a step later (``steplog.StepLog``): the script's
 steps are never synchronized by us.
 
 Any failure in here is printed once; the rank then goes on uninstrumented.
@@ -56,13 +56,14 @@ class _State:
         self.disabled = False
         self.torch: Any = None
         self.comm: Any = None  # workers/runtime/comm.py, loaded by path
+        self.steplog: Any = None  # workers/runtime/steplog.py, loaded by path
         self.timer: Any = None
         self.device: Any = None
         self.step = 0  # the step being measured; 0 before the first forward
         self.samples = 0
         self.primary: weakref.ref[Any] | None = None
         self.comm_timed = False
-        self.steps: Any = None  # comm.StepLog: a step's scalars wait there for its comm figures
+        self.steps: Any = None  # steplog.StepLog: a step's scalars wait there for its comm figures
         self.first_forward: Any = None
         self.exit_flush = False
         self.register_original: Any = None  # DDP.register_comm_hook before our patch
@@ -109,15 +110,20 @@ class _TorchFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _load(name: str) -> Any:
+    """``workers/runtime/<name>.py`` by path: the script's ``sys.path`` need not hold the project."""
+    spec = importlib.util.spec_from_file_location(f"_torchyard_{name}", os.path.join(_RUNTIME, f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
 def _on_torch(torch: Any) -> None:
     try:
         _state.torch = torch
-        comm_spec = importlib.util.spec_from_file_location("_torchyard_comm", os.path.join(_RUNTIME, "comm.py"))
-        assert comm_spec is not None and comm_spec.loader is not None
-        comm = importlib.util.module_from_spec(comm_spec)
-        sys.modules[comm_spec.name] = comm  # dataclasses look their module up here
-        comm_spec.loader.exec_module(comm)
-        _state.comm = comm
+        _state.comm, _state.steplog = _load("comm"), _load("steplog")
         optimizer = importlib.import_module("torch.optim.optimizer")  # torch loads some submodules lazily
         optimizer.register_optimizer_step_post_hook(_after_optimizer_step)
         module = importlib.import_module("torch.nn.modules.module")
@@ -152,7 +158,7 @@ def _begin(step: int) -> None:
             _state.device = torch.device("cuda", torch.cuda.current_device())  # events, not wall clock
         device = _state.device or torch.device("cpu")
         _state.timer = _state.comm.CommTimer(world, device)
-        _state.steps = _state.comm.StepLog(_state.timer, _log_floats, efficiency=False)  # no calibration here
+        _state.steps = _state.steplog.StepLog(_state.timer, _log_floats, efficiency=False)  # no calibration here
         if distributed:
             _state.comm_timed = True  # every step reports comm figures (0 without collectives)
     _state.step, _state.samples = step, 0

@@ -30,7 +30,8 @@ import torchyard
 from torchyard.spec import RunSpec
 from workers.runtime import checkpoint, profiling, strategies
 from workers.runtime.calibrate import calibrate
-from workers.runtime.comm import CommTimer, StepLog
+from workers.runtime.comm import CommTimer
+from workers.runtime.steplog import StepLog
 from workers.runtime.workloads import Batch, Workload, as_batch, build
 
 _cancel = {"save": False, "requested": False}  # save on cancel: set in main(); the SIGTERM handler notes one
