@@ -87,5 +87,7 @@ def test_step_log_completes_a_step_from_the_timers_marks() -> None:
     assert values["compute_time_s"] == pytest.approx(values["step_time_s"] - 0.005 - values["exposed_comm_s"])
     assert values["comm_fraction"] == pytest.approx(values["exposed_comm_s"] / values["step_time_s"])
     assert "comm_ops" not in values and values["max_rss_bytes"] > 0
-    steps.hold(8, {})  # not logged: no step 8 was timed
-    assert steps.flush() == 0
+    timer.begin_step(8)  # not held (not a logged step): dropped unread
+    assert steps.end_step() == 0 and len(logged) == 1
+    steps.hold(9, {})  # held, but no step 9 was timed
+    assert steps.flush() == 0 and len(logged) == 1

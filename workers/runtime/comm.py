@@ -232,16 +232,21 @@ class CommTimer:
 
     # -- figures -------------------------------------------------------------------------------
 
-    def end_step(self) -> list[tuple[int, dict[str, float]]]:
+    def end_step(self, keep: bool = True) -> list[tuple[int, dict[str, float]]]:
         """Close the current step (its end mark: now); return (step, figures) for the steps now
-        readable: this one on CPU, the previous one on CUDA."""
+        readable: this one on CPU, the previous one on CUDA. ``keep=False``: nobody wants this
+        step's figures (not a logged step): it is dropped unread."""
         current, self._step = self._step, None
         if current is None:
             return []
-        current.end = self.now()
-        if not self.cuda:
+        if not keep:
+            ready, self._pending = self._pending, []
+        elif not self.cuda:
+            current.end = self.now()
             return [(current.step, self._figures(current))]
-        ready, self._pending = self._pending, [current]
+        else:
+            current.end = self.now()
+            ready, self._pending = self._pending, [current]
         return [(s.step, self._figures(s)) for s in ready]
 
     def flush(self) -> list[tuple[int, dict[str, float]]]:

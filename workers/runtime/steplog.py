@@ -66,8 +66,8 @@ class StepLog:
 
     def end_step(self) -> int:
         """Close the timer's step and log every held step whose figures are now readable; returns
-        how many were logged."""
-        return self.emit(self.timer.end_step())
+        how many were logged. A step not held is not worked out at all (``log_every`` > 1)."""
+        return self.emit(self.timer.end_step(keep=self.timer.step in self.pending))
 
     def flush(self) -> int:
         """Log what is still held (CUDA: the last step, whose events were not read yet)."""
