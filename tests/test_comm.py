@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -56,6 +57,15 @@ def test_timer_ddp_tail_and_efficiency_against_calibration() -> None:
     assert step == 1 and fig["comm_bytes"] == 4 << 20
     assert 0.015 < fig["exposed_comm_s"] <= fig["comm_time_s"]
     assert fig["busbw_efficiency"] == pytest.approx(fig["busbw_GBps"] / 1.0)
+
+
+def test_reference_busbw_is_interpolated_in_log_log_between_calibrated_sizes() -> None:
+    timer = CommTimer(2, torch.device("cpu"))
+    assert timer.reference_busbw(1 << 20) == 0  # no calibration
+    timer.calibration = {4 << 20: 1.0, 4096: 0.01, 64 << 20: 0.0}  # a failed size (0) is left out
+    assert timer.reference_busbw(4096) == pytest.approx(0.01)
+    assert timer.reference_busbw(math.sqrt(4096 * (4 << 20))) == pytest.approx(0.1)  # halfway in log-log
+    assert timer.reference_busbw(100) == pytest.approx(0.01) and timer.reference_busbw(1 << 30) == pytest.approx(1.0)
 
 
 def test_a_step_without_collectives_reports_zeros() -> None:

@@ -25,7 +25,6 @@ compute end).
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 import threading
 import time
@@ -127,8 +126,8 @@ class CommTimer:
         self.device = device
         self.cuda = device.type == "cuda"
         self._calibration: dict[int, float] = {}
-        self._bounds: list[float] = []  # geometric midpoints between calibrated sizes (nearest in log)
-        self._peaks: list[float] = []
+        self._log_sizes: list[float] = []  # the calibration in log-log, for interpolation
+        self._log_busbw: list[float] = []
         self.inject_delay_s = inject_delay_s  # tests: added to one collective on even steps
         self._step: _Step | None = None
         self._pending: list[_Step] = []  # CUDA: steps whose events are read a step later
@@ -144,10 +143,24 @@ class CommTimer:
 
     @calibration.setter
     def calibration(self, measured: dict[int, float]) -> None:
-        sizes = sorted(measured)
-        self._calibration = {size: measured[size] for size in sizes}
-        self._bounds = [math.sqrt(a * b) for a, b in itertools.pairwise(sizes)]
-        self._peaks = [measured[size] for size in sizes]
+        self._calibration = {size: measured[size] for size in sorted(measured)}
+        usable = [size for size in self._calibration if measured[size] > 0]
+        self._log_sizes = [math.log(size) for size in usable]
+        self._log_busbw = [math.log(measured[size]) for size in usable]
+
+    def reference_busbw(self, nbytes: float) -> float:
+        """The calibrated busbw (GB/s) for messages of ``nbytes``: interpolated in log-log between
+        the calibrated sizes (busbw grows from latency-bound to bandwidth-bound in between), the
+        end values beyond them; 0 without a calibration."""
+        xs, ys = self._log_sizes, self._log_busbw
+        if not xs:
+            return 0.0
+        x = math.log(max(nbytes, 1.0))
+        i = bisect.bisect(xs, x)
+        if i == 0 or i == len(xs):
+            return math.exp(ys[0] if i == 0 else ys[-1])
+        t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return math.exp(ys[i - 1] + t * (ys[i] - ys[i - 1]))
 
     # -- marks ---------------------------------------------------------------------------------
 
@@ -271,12 +284,10 @@ class CommTimer:
         return out
 
     def efficiency(self, fig: dict[str, float]) -> float:
-        """Achieved busbw / the calibrated busbw at the step's mean message size (nearest size,
-        in log scale)."""
-        if not self._peaks or fig["comm_ops"] <= 0 or fig["busbw_GBps"] <= 0:
+        """Achieved busbw / the calibrated busbw at the step's mean message size."""
+        if not self._log_sizes or fig["comm_ops"] <= 0 or fig["busbw_GBps"] <= 0:
             return 0.0
-        peak = self._peaks[bisect.bisect(self._bounds, fig["comm_bytes"] / fig["comm_ops"])]
-        return fig["busbw_GBps"] / peak if peak > 0 else 0.0
+        return fig["busbw_GBps"] / self.reference_busbw(fig["comm_bytes"] / fig["comm_ops"])
 
 
 def _delayed(fut: torch.futures.Future[Any], delay: float) -> torch.futures.Future[Any]:
