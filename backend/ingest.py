@@ -25,9 +25,10 @@ from torchyard import streams
 from torchyard.settings import get_settings
 
 log = logging.getLogger(__name__)
-CLAIM_IDLE_MS = 30_000  # entries a dead ingest consumer held this long are taken over
+CLAIM_IDLE_MS = 30_000  # entries any other consumer held this long are taken over (a stuck one)
+ALIVE_TTL_S = 3  # each consumer's liveness key; a consumer without one is dead: its entries are taken at once
 RETIRE_EVERY_S = 5.0
-CLAIM_EVERY_S = 5.0
+CLAIM_EVERY_S = 1.0
 STREAM_TTL_S = 3600  # a finished run's stream stays this long for live viewers, then goes
 
 Entry = tuple[str, str, dict[str, Any]]  # (stream, entry id, fields)
@@ -171,6 +172,7 @@ class Ingest:
         self._grouped: set[str] = set()
         self._last_retire = 0.0
         self._last_claim = 0.0
+        self._alive = f"{streams.INGEST_CONSUMER_ALIVE}{self.consumer}"
 
     def _active(self) -> list[str]:
         members: Any = self.client.smembers(streams.ACTIVE_STREAMS)
@@ -238,17 +240,36 @@ class Ingest:
         return [(s.decode(), i.decode(), f) for s, items in result or [] for i, f in items if f]
 
     def _claim_due(self, keys: list[str]) -> list[Entry]:
-        """Takes over a dead consumer's entries; checked every few seconds, not every batch."""
+        """Says this consumer is alive and takes over dead consumers' entries; once a second,
+        not every batch."""
         if time.monotonic() - self._last_claim < CLAIM_EVERY_S:
             return []
         self._last_claim = time.monotonic()
+        self.heartbeat()
         return self._claim(keys)
 
+    def heartbeat(self) -> None:
+        self.client.set(self._alive, 1, ex=ALIVE_TTL_S)
+
     def _claim(self, keys: list[str]) -> list[Entry]:
+        """A consumer whose liveness key has expired (an ingest killed mid-batch) held entries it
+        will never ack: take them now, not after ``claim_idle_ms``, and forget the consumer. Any
+        entry held that long by anyone (a stuck consumer) is taken too."""
         claimed: list[Entry] = []
+        group = streams.INGEST_GROUP
         for key in keys:
+            for consumer in self.client.xinfo_consumers(key, group):
+                name = consumer["name"].decode()
+                if name == self.consumer or self.client.exists(f"{streams.INGEST_CONSUMER_ALIVE}{name}"):
+                    continue
+                held = self.client.xpending_range(key, group, "-", "+", self.batch, consumername=name)
+                if held:
+                    taken: Any = self.client.xclaim(key, group, self.consumer, 0, [h["message_id"] for h in held])
+                    claimed.extend((key, i.decode(), f) for i, f in taken if f)
+                if len(held) < self.batch:  # all taken: the dead consumer goes from the group
+                    self.client.xgroup_delconsumer(key, group, name)
             _next, items, *_ = self.client.xautoclaim(
-                key, streams.INGEST_GROUP, self.consumer, self.claim_idle_ms, "0-0", count=self.batch
+                key, group, self.consumer, self.claim_idle_ms, "0-0", count=self.batch
             )
             claimed.extend((key, i.decode(), f) for i, f in items if f)
         return claimed

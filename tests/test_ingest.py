@@ -94,11 +94,20 @@ def test_entries_a_dead_consumer_never_acked_are_taken_over(env: tuple[redis.Red
     assert len(dead._read([stream], ">", None)) == 2  # read, then "crashed" before writing or acking
     assert count(Metric, run_id) == 0
 
-    survivor = Ingest(client, consumer="survivor", claim_idle_ms=0)
+    busy = Ingest(client, consumer="busy")  # alive (its key is fresh) and in the middle of a batch
+    client.xadd(stream, metrics_entry(2, range(1, 6)))
+    busy.heartbeat()
+    assert len(busy._read([stream], ">", None)) == 1
+
+    # the dead one's liveness key never existed (or expired): its entries are taken at the first
+    # poll, not after claim_idle_ms (30 s); the busy one's are left to it
+    survivor = Ingest(client, consumer="survivor")
     drain(survivor)
     assert count(Metric, run_id) == 20
     pending: Any = client.xpending(stream, streams.INGEST_GROUP)
-    assert pending["pending"] == 0
+    assert pending["pending"] == 1
+    names = {c["name"].decode() for c in client.xinfo_consumers(stream, streams.INGEST_GROUP)}
+    assert "dead" not in names and "busy" in names
 
 
 def test_a_malformed_entry_is_skipped_without_blocking_the_rest(env: tuple[redis.Redis, int]) -> None:

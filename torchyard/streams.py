@@ -23,6 +23,7 @@ from typing import Any
 
 ACTIVE_STREAMS = "ty:streams:active"  # set of run streams ingest must read
 INGEST_GROUP = "ingest"
+INGEST_CONSUMER_ALIVE = "ty:ingest:alive:"  # + consumer name: expires unless the consumer keeps polling
 NODES = "ty:nodes"  # set of node ids that ever heartbeated
 SCHEDULER_LOCK = "ty:scheduler:leader"
 SCHEDULER_WAKE = "ty:scheduler:wake"  # list; a push wakes the scheduler early
