@@ -26,9 +26,10 @@ from torchyard.settings import get_settings
 
 log = logging.getLogger(__name__)
 CLAIM_IDLE_MS = 30_000  # entries any other consumer held this long are taken over (a stuck one)
-ALIVE_TTL_S = 3  # each consumer's liveness key; a consumer without one is dead: its entries are taken at once
+ALIVE_TTL_S = 5  # each consumer's liveness key; a consumer without one is dead: its entries are taken at once
+BEAT_EVERY_S = 1.0  # the key's renewal
 RETIRE_EVERY_S = 5.0
-CLAIM_EVERY_S = 1.0
+CLAIM_EVERY_S = 2.0
 STREAM_TTL_S = 3600  # a finished run's stream stays this long for live viewers, then goes
 
 Entry = tuple[str, str, dict[str, Any]]  # (stream, entry id, fields)
@@ -172,6 +173,7 @@ class Ingest:
         self._grouped: set[str] = set()
         self._last_retire = 0.0
         self._last_claim = 0.0
+        self._last_beat = 0.0
         self._alive = f"{streams.INGEST_CONSUMER_ALIVE}{self.consumer}"
 
     def _active(self) -> list[str]:
@@ -190,6 +192,8 @@ class Ingest:
     def poll(self, block_ms: int = 1000) -> int:
         """One batch: read (own pending first, then idle entries of dead consumers, then new),
         write, commit, ack. Returns the number of entries handled."""
+        if time.monotonic() - self._last_beat >= BEAT_EVERY_S:
+            self.heartbeat()
         keys = self._active()
         if not keys:
             time.sleep(block_ms / 1000)
@@ -240,15 +244,15 @@ class Ingest:
         return [(s.decode(), i.decode(), f) for s, items in result or [] for i, f in items if f]
 
     def _claim_due(self, keys: list[str]) -> list[Entry]:
-        """Says this consumer is alive and takes over dead consumers' entries; once a second,
-        not every batch."""
+        """Takes over dead consumers' entries; every few seconds, not every batch."""
         if time.monotonic() - self._last_claim < CLAIM_EVERY_S:
             return []
         self._last_claim = time.monotonic()
-        self.heartbeat()
         return self._claim(keys)
 
     def heartbeat(self) -> None:
+        """This consumer is alive (for ``ALIVE_TTL_S``): its entries are its own."""
+        self._last_beat = time.monotonic()
         self.client.set(self._alive, 1, ex=ALIVE_TTL_S)
 
     def _claim(self, keys: list[str]) -> list[Entry]:

@@ -78,7 +78,7 @@ class Chaos:
     def assert_every_point_once(self, run_id: int, steps: int, ranks: int = 2, within_s: float = 15.0) -> None:
         """Every metric key of every rank has steps 1..N exactly once (the latest attempt's), within
         ``within_s``: a batch a killed ingest held is taken over once its liveness key expires
-        (~3 s), well before the 30 s after which any held entry is taken."""
+        (5 s, and a scan every 2 s), well before the 30 s after which any held entry is taken."""
         gaps: list[str] = []
 
         def complete() -> bool:
