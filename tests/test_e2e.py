@@ -136,7 +136,9 @@ def test_cancel_ends_every_process_of_the_run_within_5_seconds(stack: RunningSta
     assert not alive, f"still alive 5 s after cancel: {alive}"
     stack.client.wait_status(run["id"], {"cancelled"}, timeout=10)
     assert time.monotonic() - started < 10
-    assert not run_processes(run["id"])
+    # and nothing of the run outlives it (torch elastic's helpers included; under load they can
+    # take a moment longer than the ranks)
+    wait_for(lambda: not run_processes(run["id"]), 5, f"every process of run {run['id']} to end", 0.1)
     again = stack.client.http.post(f"/api/v1/runs/{run['id']}/cancel")
     assert again.status_code == 409 and "cancelled" in again.json()["detail"]
 
