@@ -174,7 +174,6 @@ class Ingest:
         self._last_retire = 0.0
         self._last_claim = 0.0
         self._last_beat = 0.0
-        self._alive = f"{streams.INGEST_CONSUMER_ALIVE}{self.consumer}"
 
     def _active(self) -> list[str]:
         members: Any = self.client.smembers(streams.ACTIVE_STREAMS)
@@ -253,7 +252,7 @@ class Ingest:
     def heartbeat(self) -> None:
         """This consumer is alive (for ``ALIVE_TTL_S``): its entries are its own."""
         self._last_beat = time.monotonic()
-        self.client.set(self._alive, 1, ex=ALIVE_TTL_S)
+        self.client.set(streams.INGEST_CONSUMER_ALIVE + self.consumer, 1, ex=ALIVE_TTL_S)
 
     def _claim(self, keys: list[str]) -> list[Entry]:
         """A consumer whose liveness key has expired (an ingest killed mid-batch) held entries it
@@ -264,7 +263,7 @@ class Ingest:
         for key in keys:
             for consumer in self.client.xinfo_consumers(key, group):
                 name = consumer["name"].decode()
-                if name == self.consumer or self.client.exists(f"{streams.INGEST_CONSUMER_ALIVE}{name}"):
+                if name == self.consumer or self.client.exists(streams.INGEST_CONSUMER_ALIVE + name):
                     continue
                 held = self.client.xpending_range(key, group, "-", "+", self.batch, consumername=name)
                 if held:
