@@ -221,8 +221,18 @@ def main() -> None:
     finally:
         if not torchyard.flush(float(os.environ.get("TORCHYARD_SDK_EXIT_FLUSH_S", "30"))):
             say("torchyard: some metrics were not written to Redis in time")
-    if dist.is_initialized():
+    # PowerSGD's future callbacks run on Gloo's worker threads and hold the group in their
+    # closures; a worker may release its last callback late (it waits for the GIL). Were that the
+    # last reference, ~ProcessGroupGloo would run on that worker and join itself: abort
+    # ("Resource deadlock avoided"; seen 1 run in ~36 under load, core dump in the closing note of
+    # issue 4). So the group stays referenced here and the process ends without interpreter
+    # teardown, once every metric is in Redis and every line printed.
+    world_group = dist.group.WORLD if dist.is_initialized() else None
+    if world_group is not None:
         dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
