@@ -58,6 +58,16 @@ def test_up_serves_the_cli_and_ctrl_c_stops_every_process_it_started(tmp_path: P
         assert "forever" in listed.stdout and "running" in listed.stdout
         bad = subprocess.run([*cli, "submit", "--procs", "0"], env=env, capture_output=True, text=True, timeout=30)
         assert bad.returncode != 0 and "procs_per_node" in bad.stderr and "(got 0)" in bad.stderr
+        followed = subprocess.run(
+            [*cli, "submit", "--steps", "20", "--procs", "2", "--name", "followed", "--follow"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert followed.returncode == 0, followed.stderr  # --follow exits with the run's outcome
+        assert "[rank 0] step 20/20" in followed.stdout and "[rank 1]" in followed.stdout, followed.stdout
+        assert "--- running" in followed.stderr and "--- succeeded" in followed.stderr, followed.stderr
 
         children = psutil.Process(up.pid).children(recursive=True) + run_processes(run_id)
         assert len(run_processes(run_id)) >= 3

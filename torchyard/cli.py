@@ -5,17 +5,13 @@ from __future__ import annotations
 import json
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import click
-import httpx
 
-from torchyard import sse
+from torchyard.client import Api, download, follow_run, format_line
 from torchyard.settings import Settings, get_settings
-
-TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -132,53 +128,6 @@ def _serve_until_signal(serve: Any) -> None:
 # ---- client ------------------------------------------------------------------------------------
 
 
-class Api:
-    def __init__(self, url: str | None, token: str | None) -> None:
-        settings = get_settings()
-        saved = _saved_credentials(settings)
-        self.url = (
-            url or (settings.api_url if "TORCHYARD_API_URL" in _env() else saved.get("api_url")) or settings.api_url
-        ).rstrip("/")
-        self.token = token or settings.token or saved.get("token", "")
-        self.client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
-
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = self.client.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise click.ClickException(f"cannot reach the api at {self.url}: {exc}") from exc
-        if response.status_code >= 400:
-            raise click.ClickException(f"{response.status_code}: {_describe_error(response)}")
-        return response.json() if response.content else None
-
-
-def _env() -> dict[str, str]:
-    import os
-
-    return dict(os.environ)
-
-
-def _saved_credentials(settings: Settings) -> dict[str, str]:
-    path = settings.state_dir / "credentials.json"
-    try:
-        return dict(json.loads(path.read_text()))
-    except (OSError, ValueError):
-        return {}
-
-
-def _describe_error(response: httpx.Response) -> str:
-    try:
-        detail = response.json().get("detail")
-    except ValueError:
-        return response.text
-    if isinstance(detail, list):  # validation errors: name each field and its value
-        return "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', []) if p != 'body')}: {e.get('msg')} (got {e.get('input')!r})"
-            for e in detail
-        )
-    return str(detail)
-
-
 api_options = [
     click.option("--api-url", default=None, help="api address (TORCHYARD_API_URL)"),
     click.option("--token", default=None, help="bearer token (TORCHYARD_TOKEN)"),
@@ -255,7 +204,7 @@ def submit(
     run = client.call("POST", "/api/v1/runs", json=spec)
     click.echo(f"run {run['id']} {run['status']}: {run['name']}")
     if follow:
-        sys.exit(_follow(client, run["id"]))
+        sys.exit(follow_run(client, run["id"]))
 
 
 def _parse_param(text: str) -> tuple[str, Any]:
@@ -309,7 +258,7 @@ def submit_script(
     run = client.call("POST", "/api/v1/runs", json=spec)
     click.echo(f"run {run['id']} {run['status']}: {run['name']}")
     if follow:
-        sys.exit(_follow(client, run["id"]))
+        sys.exit(follow_run(client, run["id"]))
 
 
 def _bundle_bytes(source: Path) -> tuple[bytes, str]:
@@ -353,7 +302,7 @@ def logs(run_id: int, rank: int | None, follow: bool, api_url: str | None, token
     """Print a run's logs, each line with its rank."""
     client = Api(api_url, token)
     if follow:
-        sys.exit(_follow(client, run_id, rank))
+        sys.exit(follow_run(client, run_id, rank))
     after = 0
     while True:
         params: dict[str, Any] = {"after": after, "limit": 5000}
@@ -361,48 +310,10 @@ def logs(run_id: int, rank: int | None, follow: bool, api_url: str | None, token
             params["rank"] = rank
         lines = client.call("GET", f"/api/v1/runs/{run_id}/logs", params=params)
         for line in lines:
-            click.echo(_format_line(line["rank"], line["text"]))
+            click.echo(format_line(line["rank"], line["text"]))
         if len(lines) < 5000:
             return
         after = lines[-1]["id"]
-
-
-def _format_line(rank: int, text: str) -> str:
-    return f"[{'agent' if rank < 0 else f'rank {rank}'}] {text}"
-
-
-def _follow(client: Api, run_id: int, rank: int | None = None) -> int:
-    """Streams the run's log lines and state changes until it ends, resuming by Last-Event-ID if
-    the connection drops; exit code 0 if the run succeeded."""
-    last_id, retries = "0-0", 0
-    while True:
-        try:
-            with client.client.stream(
-                "GET",
-                f"/api/v1/runs/{run_id}/stream",
-                headers={"Last-Event-ID": last_id},
-                timeout=httpx.Timeout(30, read=None),
-            ) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise click.ClickException(f"{response.status_code}: {_describe_error(response)}")
-                for event in sse.parse(response.iter_lines()):
-                    last_id, retries = event.id, 0
-                    if event.event == "logs":
-                        for line_rank, _ts, text in event.data["lines"]:
-                            if rank is None or rank == line_rank:
-                                click.echo(_format_line(line_rank, text))
-                    elif event.event == "state":
-                        reason = event.data.get("reason")
-                        click.echo(f"--- {event.data['status']}" + (f": {reason}" if reason else ""), err=True)
-            status = client.call("GET", f"/api/v1/runs/{run_id}")["status"]
-            if status in TERMINAL:  # the server ends the stream after the final state
-                return 0 if status == "succeeded" else 1
-        except httpx.HTTPError as exc:
-            retries += 1
-            if retries > 30:
-                raise click.ClickException(f"lost the stream of run {run_id}: {exc}") from exc
-            time.sleep(min(5.0, 0.2 * retries))  # the api may be restarting: resume where we were
 
 
 @main.command()
@@ -437,7 +348,7 @@ def checkpoints(run_id: int, step: int | None, output: Path | None, api_url: str
         for c in listed:
             click.echo(f"{c['step']:>9}  {_bytes(c['size_bytes']):>10}  {c['files']:>5}  {c['created_at']}")
         return
-    _download(
+    download(
         client, f"/api/v1/runs/{run_id}/checkpoints/{step}/download", output or Path(f"run-{run_id}-step-{step}.tar")
     )
 
@@ -448,41 +359,6 @@ def _bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
-
-
-def _download(client: Api, path: str, output: Path) -> None:
-    """Streams to OUTPUT.part, then renames it: OUTPUT is never a partial file. Progress on stderr."""
-    partial = output.with_name(output.name + ".part")
-    tty = sys.stderr.isatty()
-    try:
-        with client.client.stream("GET", path, timeout=httpx.Timeout(30, read=300)) as response:
-            if response.status_code >= 400:
-                response.read()
-                raise click.ClickException(f"{response.status_code}: {_describe_error(response)}")
-            total = int(response.headers.get("content-length", 0)) or None
-            done, shown = 0, 0.0
-            with partial.open("wb") as out:
-                for chunk in response.iter_bytes(1 << 20):
-                    out.write(chunk)
-                    done += len(chunk)
-                    if time.monotonic() - shown >= (0.2 if tty else 2.0):
-                        shown = time.monotonic()
-                        _progress(done, total, tty)
-            _progress(done, total, tty, last=True)
-    except httpx.HTTPError as exc:
-        partial.unlink(missing_ok=True)
-        raise click.ClickException(f"download from {client.url} failed: {exc}") from exc
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    partial.replace(output)
-    click.echo(f"wrote {output} ({done:,} bytes)")
-
-
-def _progress(done: int, total: int | None, tty: bool, last: bool = False) -> None:
-    of = f" of {total:,} ({100 * done / total:.0f}%)" if total else ""
-    start = "\r" if tty else ""  # a terminal: one line, rewritten; a log: a line each time
-    click.echo(f"{start}{done:,} bytes{of}", err=True, nl=last or not tty)
 
 
 @main.group()
