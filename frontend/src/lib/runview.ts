@@ -1,4 +1,5 @@
 // The run page's chart model: which charts a run's metric keys give, and their columnar data.
+import type { MetricSeries } from "../api/client";
 import { alignSeries, type LiveSeries, type Num } from "./data";
 
 export const BUILTIN = new Set([
@@ -49,6 +50,15 @@ export function chartDefs(keys: string[], world: number): ChartDef[] {
 }
 
 /** Wall time for each step, by linear interpolation over known (step, ts) pairs. */
+/** Load the server's aggregate (mean, min, max per step) into ``into`` as its history; wall times
+ * are read from the first rank's (the aggregate has none). */
+export function setHistoryFrom(into: LiveSeries, data: MetricSeries): LiveSeries {
+  const agg = data.aggregate;
+  const r0 = Object.values(data.ranks)[0];
+  into.setHistory(agg.step, interpolate(agg.step, r0?.step ?? [], r0?.ts ?? []), agg.mean, agg.min, agg.max);
+  return into;
+}
+
 export function interpolate(xs: number[], knownX: number[], knownY: number[]): number[] {
   if (!knownX.length) return xs.map(() => 0);
   const out = new Array<number>(xs.length);

@@ -11,7 +11,8 @@ export interface StreamHandlers {
   report?: (e: unknown) => void;
 }
 
-const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+/** The states a run never leaves (backend/lifecycle.py TERMINAL). */
+export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 
 export class RunStream {
   private source: EventSource | null = null;

@@ -11,24 +11,18 @@ import {
 } from "../api/client";
 import { Chart, PALETTE, type ChartHandle, type SeriesDef } from "../components/Chart";
 import { Checkpoints, SampledStep } from "../components/RunCards";
-import { ErrorBox, Loading, Progress, StatusBadge } from "../components/ui";
+import { RunHead } from "../components/RunHead";
+import { LogsCard, RankTable, StateHistory, type RankRow } from "../components/RunTables";
+import { ErrorBox, Loading } from "../components/ui";
 import { LiveSeries, lastValue } from "../lib/data";
 import { expose } from "../lib/debug";
-import { fmtClock, fmtDuration, fmtSI, fmtTs } from "../lib/format";
 import { go } from "../lib/route";
-import { attemptMarks, chartData, chartDefs, interpolate, type ChartDef } from "../lib/runview";
-import { RunStream, sinceAgo } from "../lib/stream";
-import { duration, summary } from "./Runs";
+import { attemptMarks, chartData, chartDefs, setHistoryFrom, type ChartDef } from "../lib/runview";
+import { RunStream, TERMINAL, sinceAgo } from "../lib/stream";
+import { summary } from "./Runs";
 
-const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 const LOG_KEEP = 1000;
 const RANK_KEYS = ["step_time_s", "comm_time_s", "exposed_comm_s", "samples_per_s"];
-
-interface RankRow {
-  rank: number;
-  step: number;
-  values: Record<string, number | null>;
-}
 
 // benchmarks/dashboard.py sets window.__tyPerf = [] to collect each redraw's milliseconds.
 const perf = (window as unknown as { __tyPerf?: number[] }).__tyPerf;
@@ -48,38 +42,15 @@ function seriesDefs(def: ChartDef): SeriesDef[] {
   return def.labels.map((l, i) => ({ label: l, color: PALETTE[i % PALETTE.length] }));
 }
 
-function specSummary(run: Run): string {
-  const spec = run.spec as {
-    workload?: { name?: string; params?: Record<string, unknown> };
-    resources?: { device?: string };
-    training?: { steps?: number; batch_size?: number; lr?: number };
-  };
-  const s = summary(run);
-  const params = Object.entries(spec.workload?.params ?? {})
-    .map(([k, v]) => `${k}=${String(v)}`)
-    .join(" ");
-  return [
-    `${spec.workload?.name ?? "?"}${params ? ` (${params})` : ""}`,
-    `${s.strategy}`,
-    `${s.shape} on ${spec.resources?.device ?? "cpu"}`,
-    `${(spec.training?.steps ?? 0).toLocaleString("en-US")} steps`,
-    `batch ${spec.training?.batch_size ?? "?"}`,
-    `lr ${spec.training?.lr ?? "?"}`,
-  ].join(" · ");
-}
-
 export function RunDetail({ id }: { id: number }) {
   const [run, setRun] = useState<Run | null>(null);
   const [error, setError] = useState<unknown>(undefined);
   const [events, setEvents] = useState<RunEvent[]>([]);
   const [keys, setKeys] = useState<string[] | null>(null);
   const [logs, setLogs] = useState<LogLine[]>([]);
-  const [logRank, setLogRank] = useState<string>("all");
   const [ranks, setRanks] = useState<RankRow[]>([]);
   const [time, setTime] = useState(false);
   const [zoom, setZoom] = useState<[number, number] | null>(null);
-  const [cancelling, setCancelling] = useState(false);
-  const [actionError, setActionError] = useState<string | null>(null);
   const [points, setPoints] = useState(0);
 
   const series = useRef(new Map<string, LiveSeries>());
@@ -132,12 +103,7 @@ export function RunDetail({ id }: { id: number }) {
             fetchSeries(id, key, px),
             RANK_KEYS.includes(key) && lastStep > 0 ? fetchSeries(id, key, 10, lastStep) : Promise.resolve(null),
           ]);
-          const agg = full.aggregate;
-          const r0 = Object.values(full.ranks)[0];
-          const ts = interpolate(agg.step, r0?.step ?? [], r0?.ts ?? []);
-          const s = series.current.get(key) ?? new LiveSeries();
-          s.setHistory(agg.step, ts, agg.mean, agg.min, agg.max);
-          series.current.set(key, s);
+          series.current.set(key, setHistoryFrom(series.current.get(key) ?? new LiveSeries(), full));
           for (const [rank, rs] of Object.entries(latest?.ranks ?? {})) {
             const row = rankRef.current.get(Number(rank)) ?? { rank: Number(rank), step: 0, values: {} };
             row.values[key] = lastValue(rs.value);
@@ -285,12 +251,7 @@ export function RunDetail({ id }: { id: number }) {
       const windowSeries = new Map<string, LiveSeries>();
       await Promise.all(
         all.map(async (key) => {
-          const data = await fetchSeries(id, key, px, lo, hi);
-          const r0 = Object.values(data.ranks)[0];
-          const s = new LiveSeries(Infinity);
-          const agg = data.aggregate;
-          s.setHistory(agg.step, interpolate(agg.step, r0?.step ?? [], r0?.ts ?? []), agg.mean, agg.min, agg.max);
-          windowSeries.set(key, s);
+          windowSeries.set(key, setHistoryFrom(new LiveSeries(Infinity), await fetchSeries(id, key, px, lo, hi)));
         }),
       );
       if (zoomRef.current?.[0] !== lo || zoomRef.current?.[1] !== hi) return;
@@ -307,76 +268,14 @@ export function RunDetail({ id }: { id: number }) {
     redraw();
   };
 
-  const cancel = async () => {
-    setCancelling(true);
-    setActionError(null);
-    try {
-      ok(await api.POST("/api/v1/runs/{run_id}/cancel", { params: { path: { run_id: id } } }));
-      await loadRun();
-    } catch (e) {
-      setActionError(e instanceof Error ? e.message : String(e));
-    } finally {
-      setCancelling(false);
-    }
-  };
-
   if (error !== undefined) return <ErrorBox error={error} retry={() => go(`#/runs/${id}?r=${Date.now()}`)} />;
   if (!run) return <Loading what={`Loading run ${id}`} />;
 
-  const s = summary(run);
   const active = !TERMINAL.has(run.status);
-  const slowest = ranks.reduce<RankRow | null>(
-    (m, r) => ((r.values.step_time_s ?? -1) > (m?.values.step_time_s ?? -1) ? r : m),
-    null,
-  );
-  const commKey = keys?.includes("exposed_comm_s") ? "exposed_comm_s" : keys?.includes("comm_time_s") ? "comm_time_s" : null;
-  const shownLogs = logRank === "all" ? logs : logs.filter((l) => String(l.rank) === logRank);
-  const logRanks = [...new Set(logs.map((l) => l.rank))].sort((a, b) => a - b);
 
   return (
     <section class="run-detail" data-testid="run-detail">
-      <div class="page-head">
-        <div>
-          <div class="crumbs">
-            <a href="#/runs">Runs</a> / #{run.id}
-          </div>
-          <h1>
-            {run.name} <StatusBadge status={run.status} />
-          </h1>
-          <div class="muted spec-line">{specSummary(run)}</div>
-          {run.status_reason && <div class="reason">{run.status_reason}</div>}
-        </div>
-        <div class="actions">
-          {active && (
-            <button class="btn btn-danger" onClick={cancel} disabled={cancelling || run.status === "cancelling"} data-testid="cancel-run">
-              {cancelling || run.status === "cancelling" ? "Cancelling…" : "Cancel run"}
-            </button>
-          )}
-          <a class="btn" href={`#/new?from=${run.id}`} data-testid="clone-run">
-            Clone and edit
-          </a>
-        </div>
-      </div>
-      {actionError && <ErrorBox error={actionError} />}
-
-      <div class="stats">
-        <div class="stat">
-          <span>Progress</span>
-          <Progress value={run.last_step} total={s.steps} />
-        </div>
-        <div class="stat">
-          <span>Duration</span>
-          <strong>{fmtDuration(duration(run))}</strong>
-        </div>
-        <div class="stat">
-          <span>Attempts</span>
-          <strong>{run.attempt_count}</strong>
-        </div>
-        <div class="stat">
-          <span>Nodes</span>
-          <strong>{run.node_ids.join(", ") || "—"}</strong>
-        </div>
-      </div>
+      <RunHead run={run} onChange={loadRun} />
 
       <div class="toolbar">
         <div class="seg">
@@ -430,56 +329,8 @@ export function RunDetail({ id }: { id: number }) {
       )}
 
       <div class="two">
-        <div class="card">
-          <h2>Ranks</h2>
-          {ranks.length === 0 ? (
-            <div class="state state-empty">No rank has reported yet.</div>
-          ) : (
-            <table class="table" data-testid="rank-table">
-              <thead>
-                <tr>
-                  <th>Rank</th>
-                  <th class="num">Step</th>
-                  <th class="num">Step time</th>
-                  <th class="num">{commKey === "exposed_comm_s" ? "Exposed comm" : "Comm time"}</th>
-                  <th class="num">Samples/s</th>
-                </tr>
-              </thead>
-              <tbody>
-                {ranks.map((r) => (
-                  <tr class={ranks.length > 1 && r === slowest ? "slowest" : ""} title={r === slowest ? "slowest rank" : ""}>
-                    <td>
-                      {r.rank}
-                      {ranks.length > 1 && r === slowest && <span class="tag">slowest</span>}
-                    </td>
-                    <td class="num">{r.step.toLocaleString("en-US")}</td>
-                    <td class="num">{fmtDuration(r.values.step_time_s)}</td>
-                    <td class="num">{commKey ? fmtDuration(r.values[commKey]) : "—"}</td>
-                    <td class="num">{fmtSI(r.values.samples_per_s)}</td>
-                  </tr>
-                ))}
-              </tbody>
-            </table>
-          )}
-        </div>
-        <div class="card">
-          <h2>State history</h2>
-          <table class="table" data-testid="events">
-            <tbody>
-              {events.map((e) => (
-                <tr>
-                  <td class="muted nowrap">{fmtClock(e.at)}</td>
-                  <td>
-                    <StatusBadge status={e.to_status} />
-                  </td>
-                  <td class="reason-cell">
-                    <pre>{e.reason}</pre>
-                  </td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </div>
+        <RankTable ranks={ranks} keys={keys ?? []} />
+        <StateHistory events={events} />
       </div>
 
       <Checkpoints id={id} active={active} status={run.status} />
@@ -488,44 +339,12 @@ export function RunDetail({ id }: { id: number }) {
         <SampledStep id={id} active={active} status={run.status} />
       ) : null}
 
-      <div class="card">
-        <div class="card-head">
-          <h2>Logs</h2>
-          <select value={logRank} onChange={(e) => setLogRank((e.target as HTMLSelectElement).value)} data-testid="log-rank">
-            <option value="all">All ranks</option>
-            {logRanks.map((r) => (
-              <option value={String(r)}>{r === -1 ? "launcher" : `rank ${r}`}</option>
-            ))}
-          </select>
-        </div>
-        {shownLogs.length === 0 ? (
-          <div class="state state-empty">No log lines{active ? " yet" : ""}.</div>
-        ) : (
-          <LogView lines={shownLogs} />
-        )}
-      </div>
+      <LogsCard lines={logs} active={active} />
 
       <div class="card">
         <h2>Spec</h2>
         <pre class="json" data-testid="spec-json">{JSON.stringify(run.spec, null, 2)}</pre>
       </div>
     </section>
-  );
-}
-
-function LogView({ lines }: { lines: LogLine[] }) {
-  const box = useRef<HTMLPreElement>(null);
-  useEffect(() => {
-    const el = box.current;
-    if (el && el.scrollHeight - el.scrollTop - el.clientHeight < 80) el.scrollTop = el.scrollHeight;
-  }, [lines]);
-  return (
-    <pre class="logs" ref={box} data-testid="logs">
-      {lines.slice(-500).map((l) => (
-        <div>
-          <span class="muted">{fmtTs(l.ts)}</span> <span class="rank">[{l.rank === -1 ? "agent" : l.rank}]</span> {l.text}
-        </div>
-      ))}
-    </pre>
   );
 }
