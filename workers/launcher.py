@@ -7,7 +7,6 @@ inside a prefork child. A process group we own can be ended whole with ``killpg`
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -23,13 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import psutil
 import redis
 
 from torchyard import streams
 from torchyard.procs import free_port
 from torchyard.settings import Settings
-from workers import code
+from workers import code, proctree
 
 log = logging.getLogger(__name__)
 
@@ -252,47 +250,6 @@ def cancel_grace_s(settings: Settings, spec: dict) -> float:
     return settings.cancel_grace_s
 
 
-def end_process_group(pgid: int, grace_s: float) -> None:
-    """SIGTERM the launcher's group (torchrun forwards it to its ranks), SIGKILL what remains
-    after ``grace_s``. torch elastic starts every rank in a session of its own, out of reach of
-    killpg: the ranks (and their children) are found as torchrun's descendants before anything is
-    signalled, since a SIGKILLed torchrun would leave them running as orphans."""
-    tree = _process_tree(pgid)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(p) for p in tree):
-        time.sleep(0.05)
-    for proc in tree:
-        if _alive(proc):
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def _process_tree(pgid: int) -> list[psutil.Process]:
-    """The group's processes and all their descendants, whatever group or session they are in."""
-    members = []
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error, OSError):
-            if os.getpgid(proc.pid) == pgid:
-                members.append(proc)
-    tree = {p.pid: p for p in members}
-    for proc in members:
-        with contextlib.suppress(psutil.Error):
-            tree.update((c.pid, c) for c in proc.children(recursive=True))
-    return list(tree.values())
-
-
-def _alive(proc: psutil.Process) -> bool:
-    """Running and not a zombie (a zombie is done; its parent just has not reaped it yet)."""
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 def run_attempt(
     client: redis.Redis,
     settings: Settings,
@@ -329,12 +286,12 @@ def run_attempt(
                 if cancelled:  # the ranks read the marker: a cancel, not torch elastic ending a crashed gang
                     (run_dir / CANCEL_MARKER).touch()
                 if cancelled or ended_elsewhere:
-                    end_process_group(
+                    proctree.end_process_group(
                         proc.pid, cancel_grace_s(settings, spec) if cancelled else settings.cancel_grace_s
                     )
             time.sleep(0.2)
         # Ranks may have left children of their own (data loaders): the group goes with the run.
-        end_process_group(proc.pid, 0.5)
+        proctree.end_process_group(proc.pid, 0.5)
     finally:
         pump.join(timeout=10)
         record.unlink(missing_ok=True)
@@ -390,8 +347,8 @@ def end_recorded_attempts(settings: Settings) -> None:
     """Ends every process group this node's worker recorded and that still runs a run."""
     for record in attempts_dir(settings).glob("*.json"):
         info = json.loads(record.read_text())
-        if is_run_process(info["pgid"], info["run_id"]):
-            end_process_group(info["pgid"], settings.cancel_grace_s)
+        if proctree.is_run_process(info["pgid"], info["run_id"]):
+            proctree.end_process_group(info["pgid"], settings.cancel_grace_s)
 
 
 def end_orphans(client: redis.Redis, settings: Settings) -> int:
@@ -399,11 +356,11 @@ def end_orphans(client: redis.Redis, settings: Settings) -> int:
     ended = 0
     for record in attempts_dir(settings).glob("*.json"):
         info = json.loads(record.read_text())
-        if is_run_process(info["pgid"], info["run_id"]):
+        if proctree.is_run_process(info["pgid"], info["run_id"]):
             log.warning(
                 "ending orphaned run %s attempt %s (process group %s)", info["run_id"], info["attempt"], info["pgid"]
             )
-            end_process_group(info["pgid"], settings.cancel_grace_s)
+            proctree.end_process_group(info["pgid"], settings.cancel_grace_s)
             ended += 1
         report(
             client,
@@ -418,12 +375,3 @@ def end_orphans(client: redis.Redis, settings: Settings) -> int:
         )
         record.unlink(missing_ok=True)
     return ended
-
-
-def is_run_process(pgid: int, run_id: int) -> bool:
-    """A recorded pgid may have been reused by the OS: only end it if it is the run's torchrun."""
-    try:
-        environ = Path(f"/proc/{pgid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return f"TORCHYARD_RUN_ID={run_id}".encode() in environ
