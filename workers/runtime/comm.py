@@ -252,14 +252,11 @@ class CommTimer:
         current, self._step = self._step, None
         if current is None:
             return []
-        if not keep:
-            ready, self._pending = self._pending, []
-        elif not self.cuda:
+        if keep:
             current.end = self.now()
-            return [(current.step, self._figures(current))]
-        else:
-            current.end = self.now()
-            ready, self._pending = self._pending, [current]
+            if not self.cuda:
+                return [(current.step, self._figures(current))]
+        ready, self._pending = self._pending, [current] if keep else []
         return [(s.step, self._figures(s)) for s in ready]
 
     def flush(self) -> list[tuple[int, dict[str, float]]]:
