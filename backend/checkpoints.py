@@ -13,7 +13,6 @@ shows progress against it, and a cut-off download is detected as short)."""
 from __future__ import annotations
 
 import os
-import re
 import stat
 import tarfile
 from collections.abc import Iterator
@@ -24,11 +23,11 @@ from typing import IO
 
 from sqlalchemy.orm import Session
 
-from backend.runs import NotFound, get_run
+from backend.errors import NotFound
+from backend.runs import get_run
+from torchyard import checkpoints as layout
 from torchyard.settings import Settings
 
-COMPLETE = "COMPLETE"  # = workers.runtime.checkpoint.COMPLETE (not imported: that module imports torch)
-_NAME = re.compile(r"^step-(\d+)$")
 CHUNK = 1 << 20
 _BLOCK = tarfile.BLOCKSIZE
 
@@ -60,23 +59,10 @@ def _files(directory: Path) -> list[tuple[str, os.stat_result]]:
     return found
 
 
-def _complete(root: Path) -> list[tuple[int, Path]]:
-    """(step, directory) of each complete checkpoint under ``root``, oldest first."""
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        match = _NAME.match(entry.name)
-        # A symlinked step directory could point anywhere: not a checkpoint the ranks wrote.
-        if match and not entry.is_symlink() and entry.is_dir() and (entry / COMPLETE).is_file():
-            found.append((int(match.group(1)), entry))
-    return sorted(found)
-
-
 def _info(step: int, path: Path) -> CheckpointInfo | None:
     try:
         files = _files(path)
-        completed = (path / COMPLETE).stat().st_mtime
+        completed = (path / layout.COMPLETE).stat().st_mtime
     except FileNotFoundError:  # removed by the ranks' rotation (the newest two are kept) meanwhile
         return None
     return CheckpointInfo(
@@ -91,14 +77,14 @@ def _info(step: int, path: Path) -> CheckpointInfo | None:
 def list_checkpoints(session: Session, settings: Settings, run_id: int) -> list[CheckpointInfo]:
     """The run's complete checkpoints, oldest first; [] when it has none. NotFound: no such run."""
     get_run(session, run_id)
-    return [info for step, path in _complete(run_root(settings, run_id)) if (info := _info(step, path))]
+    return [info for step, path in layout.complete(run_root(settings, run_id)) if (info := _info(step, path))]
 
 
 def get_checkpoint(session: Session, settings: Settings, run_id: int, step: int) -> CheckpointInfo:
     """NotFound, naming the steps there are, when the run has no complete checkpoint at ``step``."""
     get_run(session, run_id)
     root = run_root(settings, run_id)
-    complete = dict(_complete(root))
+    complete = dict(layout.complete(root))
     path = complete.get(step)
     # The path is built from an integer and checked again after resolving: never outside the root.
     info = _info(step, path) if path is not None and path.resolve().parent == root.resolve() else None

@@ -14,13 +14,27 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from torchyard.settings import get_settings
 
+# As many connections as threads that may want one at once: the api runs sync routes and
+# dependencies on anyio's 40 worker threads, so a burst of requests (100 dashboards opening their
+# live streams) never waits on the pool (it timed out after 30 s with a 500 on a busy machine).
+POOL_SIZE, POOL_OVERFLOW = 10, 30
+# Requests the api lets into its routes at once (backend.app.RequestSlots): fewer than the pool's
+# connections, so a request's thread never waits for one; the rest are for the api's own loops
+# (the scheduler, live streams' re-checks).
+REQUEST_SLOTS = POOL_SIZE + POOL_OVERFLOW - 8
+
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            pool_size=POOL_SIZE,
+            max_overflow=POOL_OVERFLOW,
+        )
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -32,7 +46,7 @@ def make_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    return create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW)
 
 
 @lru_cache

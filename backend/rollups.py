@@ -1,5 +1,7 @@
-"""Metric rollups: per rank and key, the extremes, sum and count of every block of 2**level
-steps at a few levels. Kept by ingest from the rows it newly inserted; read by the metrics
+"""Metric rollups: per rank, key and attempt, the extremes, sum and count of every block of
+2**level steps at a few levels. Per attempt, because a resumed attempt logs again the steps after
+its checkpoint: a block two attempts logged is read from the rows (the newest attempt's value per
+step, as every other view shows), a block one attempt logged from its rollup. Kept by ingest from the rows it newly inserted; read by the metrics
 endpoint when a chart asks for far fewer points than a range holds (a million steps drawn at
 1,000 px reads ~1,000 rollup rows per rank instead of a million rows)."""
 
@@ -17,18 +19,19 @@ from backend import bulk
 from backend.models import MetricRollup
 
 LEVELS = (6, 8, 10, 12, 14, 16)  # blocks of 64 … 65,536 steps; each level 4x coarser
-NewRow = tuple[int, str, int, int, float | None, float]  # run_id, key, rank, step, value, ts
+COLUMNS = ("run_id", "attempt", "key", "rank", "step", "value", "ts")  # of each newly inserted metric row
+NewRow = tuple[int, int, str, int, int, float | None, float]
 
 
 def accumulate(rows: Iterable[NewRow]) -> list[dict[str, Any]]:
     """The rollup rows that ``rows`` (newly inserted points) contribute, merged per block.
     Vectorised: a batch is thousands of points and this runs on ingest's hot path."""
-    series: dict[tuple[int, str, int], list[tuple[int, float, float]]] = {}
-    for run_id, key, rank, step, value, ts in rows:
+    series: dict[tuple[int, int, str, int], list[tuple[int, float, float]]] = {}
+    for run_id, attempt, key, rank, step, value, ts in rows:
         if value is not None and not math.isnan(value):  # NaN is a gap, not a value
-            series.setdefault((run_id, key, rank), []).append((step, value, ts))
+            series.setdefault((run_id, attempt, key, rank), []).append((step, value, ts))
     blocks = []
-    for (run_id, key, rank), points in series.items():
+    for (run_id, attempt, key, rank), points in series.items():
         arr = np.array(points, dtype=np.float64)
         steps, values, times = arr[:, 0].astype(np.int64), arr[:, 1], arr[:, 2]
         for level in LEVELS:
@@ -43,7 +46,7 @@ def accumulate(rows: Iterable[NewRow]) -> list[dict[str, Any]]:
                 lo, hi = lows[i], highs[i]
                 blocks.append({
                     "run_id": run_id, "key": key, "level": level, "bucket": int(sorted_buckets[starts[i]]),
-                    "rank": rank, "min_step": int(steps[lo]), "min_value": float(values[lo]),
+                    "rank": rank, "attempt": attempt, "min_step": int(steps[lo]), "min_value": float(values[lo]),
                     "min_ts": float(times[lo]), "max_step": int(steps[hi]), "max_value": float(values[hi]),
                     "max_ts": float(times[hi]), "sum": float(sums[i]), "count": int(ends[i] - starts[i]),
                 })  # fmt: skip
@@ -64,7 +67,7 @@ def _keep(side: str, better: str) -> str:
 
 
 _MERGE = (
-    "(run_id, key, level, bucket, rank) DO UPDATE SET "
+    "(run_id, key, level, bucket, rank, attempt) DO UPDATE SET "
     f"{_keep('min', '<')}, {_keep('max', '>')}, sum = t.sum + excluded.sum, count = t.count + excluded.count"
 )
 
@@ -88,5 +91,5 @@ def read(session: Session, run_id: int, key: str, level: int, lo: int, hi: int) 
             MetricRollup.bucket >= lo >> level,
             MetricRollup.bucket <= hi >> level,
         )
-        .order_by(MetricRollup.bucket, MetricRollup.rank)
+        .order_by(MetricRollup.bucket, MetricRollup.rank, MetricRollup.attempt)
     ).all()

@@ -10,25 +10,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
-from backend import lifecycle
+from backend import errors, executors, lifecycle, nodes
+from backend.errors import NotFound
 from backend.models import Attempt, LogLine, Node, Run, RunEvent, StepProfile, Token
-from torchyard.spec import RunSpec
-
-
-class NotFound(Exception):
-    pass
-
-
-class InvalidRequest(Exception):
-    """A request that is well-formed but cannot be met (e.g. a device no node has): a 422."""
-
-    def __init__(self, loc: list[str | int], msg: str, value: object) -> None:
-        super().__init__(msg)
-        self.loc, self.msg, self.value = loc, msg, value
-
-
-class LimitExceeded(Exception):
-    """A quota the caller has used up: a 429 saying which and how to get under it."""
+from torchyard.settings import get_settings
+from torchyard.spec import ResourcesConfig, RunSpec
+from torchyard.states import TERMINAL, NodeState
 
 
 def get_run(session: Session, run_id: int) -> Run:
@@ -38,40 +25,70 @@ def get_run(session: Session, run_id: int) -> Run:
     return run
 
 
-def create_run(session: Session, spec: RunSpec, owner: Token | None, max_in_flight: int | None = None) -> Run:
-    _check_cluster_has_device(session, spec.resources.device)
-    if owner is not None and max_in_flight is not None:
-        in_flight = session.scalar(
-            select(func.count()).where(Run.owner_id == owner.id, Run.status.not_in(lifecycle.TERMINAL))
+def create_run(
+    session: Session,
+    spec: RunSpec,
+    owner: Token | None,
+    max_in_flight: int | None = None,
+    max_member_priority: int | None = None,
+    allow_waiting_for_nodes: bool = False,
+) -> Run:
+    warnings = check_cluster_can_hold(session, spec.resources, allow_waiting_for_nodes)
+    priority = spec.resources.priority
+    member = owner is not None and owner.role != "admin"
+    if member and max_member_priority is not None and priority > max_member_priority:
+        # Else any member could jump every queue.
+        raise errors.InvalidRequest(
+            ["body", "resources", "priority"],
+            f"resources.priority ({priority}) is above {max_member_priority}, the most a member may set "
+            "(TORCHYARD_MAX_MEMBER_PRIORITY): a higher priority needs an admin token",
+            priority,
         )
-        if (in_flight or 0) >= max_in_flight:
-            raise LimitExceeded(
+    if owner is not None and max_in_flight is not None:
+        in_flight = unfinished_count(session, owner)
+        if in_flight >= max_in_flight:
+            raise errors.LimitExceeded(
                 f"token {owner.name!r} has {in_flight} unfinished runs, the most allowed "
                 f"(TORCHYARD_MAX_RUNS_IN_FLIGHT={max_in_flight}): wait for one to end or cancel one"
             )
+    # Said at once (`submit --follow` prints it); the scheduler's next pass says more.
+    if warnings:
+        reason = f"waiting: {warnings[0]}"
+    elif (pool := get_settings().pool(spec.resources.pool)).executor == "slurm":
+        reason = f"waiting to be submitted to Slurm pool {pool.name}"
+    elif not session.scalar(select(func.count()).select_from(Node).where(Node.status == NodeState.ALIVE)):
+        reason = f"waiting: {nodes.NONE_ALIVE}"
+    else:
+        reason = "waiting for the scheduler"
+    name = spec.name or spec.default_name
     run = Run(
-        name=spec.name,
+        name=name,
         status=lifecycle.QUEUED,
-        status_reason="waiting for the scheduler",
-        spec=spec.model_dump(mode="json"),
+        status_reason=reason,
+        spec=spec.model_copy(update={"name": name}).model_dump(mode="json"),
         priority=spec.resources.priority,
         owner_id=owner.id if owner else None,
+        warnings=warnings,
     )
     session.add(run)
     session.flush()
-    session.add(RunEvent(run_id=run.id, from_status=None, to_status=lifecycle.QUEUED, reason="submitted"))
+    submitted = "submitted" + "".join(f"; warning: {w}" for w in warnings)
+    session.add(RunEvent(run_id=run.id, from_status=None, to_status=lifecycle.QUEUED, reason=submitted))
     return run
 
 
-def _check_cluster_has_device(session: Session, device: str) -> None:
-    if device == "cpu":
-        return  # every node has a CPU; with no node yet, the run waits for one
-    nodes = session.scalars(select(Node)).all()
-    if not any(device in n.devices.split(",") for n in nodes):
-        known = ", ".join(f"{n.id} ({n.devices})" for n in nodes) or "no nodes have registered"
-        raise InvalidRequest(
-            ["body", "resources", "device"], f"no node in the cluster has device {device!r}: {known}", device
-        )
+def unfinished_count(session: Session, owner: Token) -> int:
+    """The owner's runs that have not ended: what TORCHYARD_MAX_RUNS_IN_FLIGHT bounds."""
+    return session.scalar(select(func.count()).where(Run.owner_id == owner.id, Run.status.not_in(TERMINAL))) or 0
+
+
+def check_cluster_can_hold(session: Session, res: ResourcesConfig, allow_waiting: bool) -> list[str]:
+    """The run's pool (``resources.pool``; a 422 naming it when there is none) can ever hold it: the
+    built-in workers' registered nodes (``nodes.check_can_hold``), or a Slurm pool's partition
+    (``slurm.check_resources``). A 422 naming the field when not; warnings when the run must wait."""
+    settings = get_settings()
+    pool = executors.pool_for(settings, res)
+    return executors.executor_for(pool, settings).check(session, res, allow_waiting)
 
 
 def list_runs(
@@ -93,11 +110,27 @@ def list_events(session: Session, run_id: int) -> Sequence[RunEvent]:
     return session.scalars(select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.id)).all()
 
 
-def list_logs(session: Session, run_id: int, rank: int | None, after_id: int, limit: int) -> Sequence[LogLine]:
+def list_logs(
+    session: Session,
+    run_id: int,
+    rank: int | None,
+    after_id: int,
+    limit: int,
+    before_id: int | None = None,
+    contains: str | None = None,
+) -> Sequence[LogLine]:
+    """Up to ``limit`` lines in id order: the first after ``after_id``, or with ``before_id`` the
+    last before it (paging back from the end of the log, where a failure's traceback is); only
+    ``rank``'s, only those holding the text ``contains`` (any case), when given."""
     query = select(LogLine).where(LogLine.run_id == run_id, LogLine.id > after_id)
     if rank is not None:
         query = query.where(LogLine.rank == rank)
-    return session.scalars(query.order_by(LogLine.id).limit(limit)).all()
+    if contains:
+        query = query.where(LogLine.text.icontains(contains, autoescape=True))
+    if before_id is None:
+        return session.scalars(query.order_by(LogLine.id).limit(limit)).all()
+    newest_first = session.scalars(query.where(LogLine.id < before_id).order_by(LogLine.id.desc()).limit(limit)).all()
+    return newest_first[::-1]
 
 
 def profiled_steps(session: Session, run_id: int) -> list[dict[str, Any]]:
@@ -138,30 +171,12 @@ def latest_attempt(session: Session, run_id: int) -> Attempt | None:
     return session.scalar(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number.desc()).limit(1))
 
 
-def fail_or_restart(session: Session, run: Run, reason: str) -> None:
-    """The run's node failed it (lost, or its worker restarted), not its own code: a new attempt
-    resumes from the last checkpoint while the run has attempts left."""
-    if run.status == lifecycle.CANCELLING:
-        lifecycle.transition(session, run, lifecycle.CANCELLED, reason)
-        return
-    allowed = int(run.spec.get("training", {}).get("max_attempts", 1))
-    used = len(run.attempts)
-    if used < allowed and lifecycle.can_transition(run, lifecycle.RESTARTING):
-        lifecycle.transition(
-            session,
-            run,
-            lifecycle.RESTARTING,
-            f"{reason}; restarting from the last checkpoint (attempt {used + 1} of {allowed})",
-        )
-    elif lifecycle.can_transition(run, lifecycle.FAILED):
-        lifecycle.transition(
-            session, run, lifecycle.FAILED, f"{reason} (attempt {used} of {allowed}: no attempts left)"
-        )
-
-
 def request_cancel(session: Session, run: Run, reason: str) -> None:
     """queued runs are cancelled at once; placed ones go to ``cancelling`` until the worker has
-    ended every process (it reports the exit, and ingest records ``cancelled``)."""
+    ended every process (it reports the exit, and ``attempts`` records ``cancelled``). Asking
+    again while it is cancelling changes nothing; an ended run cannot be cancelled (409)."""
+    if run.status == lifecycle.CANCELLING:
+        return
     if run.status in (lifecycle.QUEUED, lifecycle.RESTARTING):
         lifecycle.transition(session, run, lifecycle.CANCELLED, reason)
     else:

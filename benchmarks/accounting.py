@@ -11,6 +11,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
+from torch._C._distributed_c10d import ProcessGroup
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.pipelining import schedules as schedules_module
 
 from torchyard import sdk
@@ -33,6 +36,7 @@ class _Cell:
         self.main = threading.current_thread() is threading.main_thread()
 
 
+HOOK_SWITCH = "torch allreduce_hook (hook switch)"  # the part that replaces DDP's built-in all-reduce
 CLOCKS: dict[str, Callable[[], int]] = {"cpu": time.thread_time_ns, "wall": time.perf_counter_ns}
 
 
@@ -81,11 +85,12 @@ class Accounting:
                 out[name] = out.get(name, 0) + ns
         return out
 
-    def wrap(self, fn: Callable[..., Any], name: str | None) -> Callable[..., Any]:
-        """``fn`` accounted as instrumentation (``name``) or excluded (``None``)."""
+    def wrap(self, fn: Callable[..., Any], name: str | None, signature: bool = True) -> Callable[..., Any]:
+        """``fn`` accounted as instrumentation (``name``) or excluded (``None``). ``signature``: the
+        wrapper takes ``fn``'s name and annotations (DDP inspects a hook's); without, it is made in
+        a fraction of the time (wrappers made per call, inside counted code, are charged there)."""
         cell_of, clock = self._cell, self.clock
 
-        @functools.wraps(fn)
         def accounted(*args: Any, **kwargs: Any) -> Any:
             cell = cell_of()
             now = clock()
@@ -104,10 +109,10 @@ class Accounting:
                     cell.by[popped] = cell.by.get(popped, 0) + now - cell.last
                 cell.last = now
 
-        return accounted
+        return functools.wraps(fn)(accounted) if signature else accounted
 
-    def counted(self, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-        return self.wrap(fn, name)
+    def counted(self, fn: Callable[..., Any], name: str, signature: bool = True) -> Callable[..., Any]:
+        return self.wrap(fn, name, signature)
 
     def excluded(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         return self.wrap(fn, None)
@@ -133,21 +138,30 @@ class _FutureProxy:
         self._acct, self._fut, self._name = acct, fut, name
 
     def then(self, callback: Callable[..., Any]) -> Any:
-        return self._fut.then(self._acct.counted(callback, self._name))
+        return self._fut.then(self._acct.counted(callback, self._name, signature=False))
 
     def add_done_callback(self, callback: Callable[..., Any]) -> Any:
-        return self._fut.add_done_callback(self._acct.counted(callback, self._name))
+        return self._fut.add_done_callback(self._acct.counted(callback, self._name, signature=False))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._fut, name)
 
 
-class _WorkProxy:
-    """A ``dist.Work`` whose ``wait()`` is torch's (excluded) and whose future callbacks are ours."""
+def _wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+    return work.wait(*args, **kwargs)
 
-    def __init__(self, acct: Accounting, work: Any) -> None:
-        self._acct, self._work = acct, work
-        self.wait = acct.excluded(work.wait)  # made once: making it in wait() would be charged there
+
+class _WorkProxy:
+    """A ``dist.Work`` whose ``wait()`` is torch's (excluded) and whose future callbacks are ours.
+    Made per collective inside counted code, so it only stores: the excluded wait is made once."""
+
+    __slots__ = ("_acct", "_wait", "_work")
+
+    def __init__(self, acct: Accounting, work: Any, wait: Callable[..., Any]) -> None:
+        self._acct, self._work, self._wait = acct, work, wait
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        return self._wait(self._work, *args, **kwargs)
 
     def get_future(self) -> Any:
         return _FutureProxy(self._acct, self._work.get_future(), "work callback")
@@ -168,7 +182,7 @@ class _EngineProxy:
         return self
 
     def queue_callback(self, callback: Callable[[], None]) -> None:
-        self._engine.queue_callback(self._acct.counted(callback, "backward-end callback"))
+        self._engine.queue_callback(self._acct.counted(callback, "backward-end callback", signature=False))
 
 
 @contextlib.contextmanager
@@ -178,8 +192,9 @@ def accounted_instrumentation(acct: Accounting) -> Iterator[None]:
     wrapped (nested instrumentation is inside them), so the accounting costs little.
     Strategies built inside are accounted."""
     from torch.distributed.fsdp._fully_shard import _fsdp_collectives
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    from workers.runtime.strategies import ddp, fsdp, local_sgd
+    from workers.runtime.strategies import ddp, fsdp, local_sgd, zero
 
     saved: list[tuple[Any, str, Any]] = []
     absent = object()
@@ -192,18 +207,21 @@ def accounted_instrumentation(acct: Accounting) -> Iterator[None]:
         for name in names:
             patch(owner, name, acct.counted(getattr(owner, name), f"{getattr(owner, '__name__', '')}.{name}"))
 
-    count(CommTimer, "begin_step", "expose_tail")  # the loop's own; the backward-end callback's
+    count(
+        CommTimer, "begin_step", "batch_ready", "data_ready", "expose_tail"
+    )  # the loop's own; the backward-end callback's
     track = CommTimer.track
 
-    def track_(self: CommTimer, kind: str, nbytes: int, start: Any, fut: Any, inject: bool = False) -> Any:
-        return track(self, kind, nbytes, start, _FutureProxy(acct, fut, "comm done callback"), inject)  # type: ignore[arg-type]
+    def track_(self: CommTimer, kind: str, nbytes: int, start: Any, fut: Any) -> Any:
+        return track(self, kind, nbytes, start, _FutureProxy(acct, fut, "comm done callback"))  # type: ignore[arg-type]
 
     patch(CommTimer, "track", track_)  # nested in a timed hook: only its callback is an entry point
 
+    wait = acct.excluded(_wait)  # torch's wait() of every proxied work
     timed_work_init = comm._TimedWork.__init__
 
     def timed_work_init_(self: Any, timer: CommTimer, kind: str, nbytes: int, start: Any, work: Any) -> None:
-        timed_work_init(self, timer, kind, nbytes, start, _WorkProxy(acct, work))
+        timed_work_init(self, timer, kind, nbytes, start, _WorkProxy(acct, work, wait))
 
     patch(comm._TimedWork, "__init__", timed_work_init_)
     count(comm._TimedWork, "wait", "__getattr__")
@@ -220,10 +238,19 @@ def accounted_instrumentation(acct: Accounting) -> Iterator[None]:
         timed = cls.__dict__["timed"]
 
         def timed_(self: Any, hook: Any, nbytes: Any, timed: Any = timed, cls: Any = cls) -> Any:
-            return acct.counted(timed(self, acct.excluded(hook), nbytes), f"{cls.__name__} timed hook")
+            # torch's all-reduce hook stands where the bare build runs DDP's built-in C++ path: its
+            # Python is the hook switch's cost (the division and the collective's launch in it,
+            # which the built-in path runs too, are excluded below); other hooks run bare as well
+            switch = hook is default_hooks.allreduce_hook
+            inner = acct.counted(hook, HOOK_SWITCH) if switch else acct.excluded(hook)
+            return acct.counted(timed(self, inner, nbytes), f"{cls.__name__} timed hook")
 
         patch(cls, "timed", timed_)
-    patch(ddp, "Variable", _EngineProxy(acct, ddp.Variable))
+    patch(comm, "Variable", _EngineProxy(acct, comm.Variable))
+    # in the hook switch, torch's work that the built-in path does as well (in C++): the bucket's
+    # division by the world size and the collective's launch
+    patch(torch.Tensor, "div_", acct.excluded(torch.Tensor.div_))
+    patch(ProcessGroup, "allreduce", acct.excluded(ProcessGroup.allreduce))
 
     count(fsdp.TimedAllGather, "__call__")
     count(fsdp.TimedReduceScatter, "__call__")
@@ -235,11 +262,22 @@ def accounted_instrumentation(acct: Accounting) -> Iterator[None]:
     )
     fsdp_timed = fsdp._timed
 
-    def fsdp_timed_(timer: CommTimer, kind: str, nbytes: int, start: Any, work: Any) -> Any:
-        fsdp_timed(timer, kind, nbytes, start, None if work is None else _WorkProxy(acct, work))
+    def fsdp_timed_(timer: CommTimer, kind: str, nbytes: int, start: Any, work: Any, group: Any) -> Any:
+        fsdp_timed(timer, kind, nbytes, start, None if work is None else _WorkProxy(acct, work, wait), group)
         return work
 
     patch(fsdp, "_timed", fsdp_timed_)
+    expose_waits = fsdp._expose_waits
+
+    def expose_waits_(owner: Any, method: str, timer: CommTimer) -> None:  # CUDA: FSDP's waits, timed
+        setattr(owner, method, acct.excluded(getattr(owner, method)))
+        expose_waits(owner, method, timer)
+        setattr(owner, method, acct.counted(getattr(owner, method), "FSDP timed wait"))
+
+    patch(fsdp, "_expose_waits", expose_waits_)
+    # ZeRO's parameter sync: our interval around torch's sync (the broadcasts and their waits)
+    count(zero.TimedSync, "__call__")
+    patch(ZeroRedundancyOptimizer, "_sync_params", acct.excluded(ZeroRedundancyOptimizer._sync_params))  # type: ignore[attr-defined]
     # the pipeline wraps whatever _batch_p2p is when it is built (torch's, excluded); the timed
     # wrapper it installs is counted in measure()
     patch(schedules_module, "_batch_p2p", acct.excluded(schedules_module._batch_p2p))

@@ -1,4 +1,4 @@
-"""The chaos suite repeated: every scenario of ``tests/chaos.py`` N times on one live stack, and the
+"""The chaos suite repeated: every scenario of ``testkit/chaos.py`` N times on one live stack, and the
 two-gangs-on-three-nodes scenario N times on a network-namespace cluster (root and iproute2; it is
 skipped with a note otherwise). Prints each scenario's pass count, its time, and the first line of
 each failure.
@@ -16,10 +16,10 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from tests import netns
-from tests.chaos import SCENARIOS, Chaos
-from tests.conftest import sqlite_stack
-from tests.test_multinode import running_cluster, two_gangs_on_three_nodes
+from testkit import netns
+from testkit.chaos import SCENARIOS, Chaos
+from testkit.cluster import running_cluster, two_gangs_on_three_nodes
+from testkit.stack import sqlite_stack
 
 GANGS = "two_gangs_on_three_nodes"
 

@@ -1,5 +1,7 @@
 """Fixtures: real Redis (a private redis-server per stack), real PostgreSQL (a fresh database per
-session on 127.0.0.1:5432), and a real stack of api, ingest and worker subprocesses."""
+session on 127.0.0.1:5432), and a real stack of api, ingest and worker subprocesses (``testkit/stack.py``).
+Each test module declares its tier with a marker (``stack``, ``dist``, ``browser``, ``netns``, ``chaos``, ``slurm``);
+a module without one is ``unit``, the tier ``scripts/test --fast`` runs."""
 
 from __future__ import annotations
 
@@ -10,21 +12,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
+from sqlalchemy.orm import Session
 
-from torchyard.local import Stack
-from torchyard.procs import RedisServer, free_port, wait_for
-from torchyard.settings import Settings
+from backend.db import make_engine
+from backend.migrate import upgrade
+from cli.redis_server import RedisServer
+from testkit import browser as chromium
+from testkit.stack import RunningStack, sqlite_stack, start_stack
 
 PG_ADMIN_DSN = os.environ.get("TORCHYARD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
-TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """A new, empty PostgreSQL database for this test session, dropped at the end."""
+@contextmanager
+def fresh_database() -> Iterator[str]:
+    """A new, empty PostgreSQL database, dropped afterwards."""
     name = f"torchyard_test_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
@@ -34,6 +37,40 @@ def pg_url() -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL database for this test session's database-level tests."""
+    with fresh_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def module_pg_url() -> Iterator[str]:
+    """A PostgreSQL database of the module's own: a stack's nodes and runs never meet another module's
+    (a lost node of an earlier stack would still count as one the cluster has)."""
+    with fresh_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server of the module's own, for ranks run without the platform (testkit/torchrun.py)."""
+    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def session(tmp_path: Path) -> Iterator[Session]:
+    """A session on a freshly migrated SQLite database of the test's own (the data layer alone)."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    upgrade(url)
+    engine = make_engine(url)
+    with Session(engine) as s:
+        yield s
+    engine.dispose()
+
+
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path / "redis").start()
@@ -41,101 +78,78 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server.stop()
 
 
-class Client:
-    """The api as a test sees it: a bearer token and helpers that wait on conditions."""
-
-    def __init__(self, url: str, token: str) -> None:
-        self.url = url
-        self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-
-    def submit(self, **overrides: Any) -> dict[str, Any]:
-        response = self.http.post("/api/v1/runs", json=run_spec(**overrides))
-        assert response.status_code == 201, response.text
-        return dict(response.json())
-
-    def run(self, run_id: int) -> dict[str, Any]:
-        return dict(self.http.get(f"/api/v1/runs/{run_id}").raise_for_status().json())
-
-    def wait_status(self, run_id: int, statuses: set[str], timeout: float = 90) -> dict[str, Any]:
-        def reached() -> dict[str, Any] | None:
-            run = self.run(run_id)
-            if run["status"] in TERMINAL and run["status"] not in statuses:
-                raise AssertionError(f"run {run_id} ended {run['status']}: {run['status_reason']}")
-            return run if run["status"] in statuses else None
-
-        return wait_for(reached, timeout, f"run {run_id} to become {'/'.join(sorted(statuses))}", interval=0.2)
-
-
-def run_spec(
-    name: str = "test-run",
-    workload: str = "mlp",
-    params: dict[str, Any] | None = None,
-    procs: int = 2,
-    steps: int = 50,
-    batch_size: int = 64,
-    **training: Any,
-) -> dict[str, Any]:
-    return {
-        "name": name,
-        "workload": {"kind": "builtin", "name": workload, "params": params or {}},
-        "strategy": {"kind": "ddp"},
-        "resources": {"nodes": 1, "procs_per_node": procs, "device": "cpu"},
-        "training": {"steps": steps, "batch_size": batch_size, "lr": 0.01, "seed": 0, **training},
-    }
-
-
-class RunningStack:
-    def __init__(self, stack: Stack, token: str, redis: RedisServer | None = None) -> None:
-        self.stack, self.token, self.redis = stack, token, redis
-        self.settings = stack.settings
-        self.url = stack.settings.api_url
-        self.client = Client(self.url, token)
-
-
-def start_stack(tmp: Path, database_url: str, redis: RedisServer, **overrides: Any) -> RunningStack:
-    settings = Settings(
-        state_dir=tmp / "state",
-        database_url=database_url,
-        redis_url=redis.url,
-        port=free_port(),
-        admin_token=f"ty_test_{uuid.uuid4().hex}",
-        node_id=f"node-{uuid.uuid4().hex[:6]}",
-        node_slots=4,
-        heartbeat_s=0.5,
-        node_timeout_s=5,
-        scheduler_interval_s=0.5,
-        **overrides,
-    )
-    stack = Stack(settings)
-    token = stack.start()
-    running = RunningStack(stack, token, redis)
-    wait_for(lambda: running.client.http.get("/api/v1/nodes").json(), 30, "the worker's first heartbeat")
-    return running
-
-
-@contextmanager
-def sqlite_stack(tmp: Path, **overrides: Any) -> Iterator[RunningStack]:
-    """A whole system on SQLite with a Redis of its own; every process of it (ranks too) ends on exit."""
-    redis = RedisServer(tmp / "redis").start()
-    try:
-        running = start_stack(tmp, f"sqlite:///{tmp / 'torchyard.db'}", redis, **overrides)
-        try:
-            yield running
-        finally:
-            running.stack.stop()
-    finally:
-        redis.stop()
-
-
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     """A whole system per database kind: api (+scheduler), ingest and a worker as subprocesses."""
     tmp = tmp_path_factory.mktemp(f"stack-{request.param}")
     database_url = (
-        f"sqlite:///{tmp / 'torchyard.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
+        f"sqlite:///{tmp / 'torchyard.db'}" if request.param == "sqlite" else request.getfixturevalue("module_pg_url")
     )
     redis = RedisServer(tmp / "redis").start()
-    running = start_stack(tmp, database_url, redis)
+    running = start_stack(tmp, database_url, redis, **request.getfixturevalue("stack_settings"))
     yield running
     running.stack.stop()
     redis.stop()
+
+
+@pytest.fixture(scope="module")
+def stack_settings() -> dict[str, Any]:
+    """Settings the ``stack`` of a test module differs in (a module overrides this fixture)."""
+    return {}
+
+
+# What a test needs beyond this process (pyproject.toml).
+TIERS = ("stack", "dist", "browser", "netns", "chaos", "slurm")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test of no other tier is ``unit``: in-process or a private Redis/PostgreSQL, seconds at most."""
+    for item in items:
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            item.add_marker(pytest.mark.unit)
+
+
+# The browser tests' fixtures (tests/test_ui*.py): one stack and one Chromium per module, and a
+# logged-in page per test whose uncaught errors fail it.
+
+
+@pytest.fixture(scope="module")
+def ui_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    with sqlite_stack(tmp_path_factory.mktemp("ui-stack")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        b = chromium.launch(p)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Any, ui_stack: RunningStack) -> Iterator[Any]:
+    """A logged-in page (through the link `torchyard up` prints), its console errors checked."""
+    from playwright.sync_api import expect
+
+    context = browser.new_context(
+        viewport={"width": 1440, "height": 1000}, base_url=ui_stack.url, accept_downloads=True
+    )
+    context.set_default_timeout(30_000)
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    # The api's Content-Security-Policy must not block anything the dashboard does.
+    pg.on("console", lambda msg: errors.append(msg.text) if "Content Security Policy" in msg.text else None)
+    pg.goto(f"/#/login?token={ui_stack.token}")
+    expect(pg.get_by_test_id("runs-table").or_(pg.get_by_text("No runs yet"))).to_be_visible()
+    yield pg
+    context.close()
+    assert not errors, f"uncaught errors in the page: {errors}"
+
+
+@pytest.fixture(scope="module")
+def shared_runs() -> dict[str, int]:
+    """Runs one test made and another reuses (a run costs seconds of process start-up)."""
+    return {}

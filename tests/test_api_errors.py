@@ -7,9 +7,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import RunningStack, run_spec
+from testkit.stack import RunningStack, run_spec
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
 
 
 def post_run(stack: RunningStack, spec: dict[str, Any]) -> httpx.Response:
@@ -73,6 +73,17 @@ def test_bad_spec_is_422_naming_the_field_and_value(stack: RunningStack, change:
     assert field in response.text and words in response.text
 
 
+def test_a_rule_across_fields_names_its_field_and_echoes_only_its_value(stack: RunningStack) -> None:
+    spec = run_spec()
+    spec["training"]["batch_size"] = 63
+    response = post_run(stack, spec)
+    assert response.status_code == 422, response.text
+    [error] = response.json()["detail"]
+    assert error["loc"] == ["body", "training", "batch_size"], error
+    assert error["input"] == 63, "the value, not the whole spec"
+    assert "nodes × procs_per_node (2)" in error["msg"]
+
+
 def test_malformed_json_and_bad_queries_are_4xx(stack: RunningStack) -> None:
     response = stack.client.http.post(
         "/api/v1/runs", content=b"{not json", headers={"Content-Type": "application/json"}
@@ -87,18 +98,23 @@ def test_malformed_json_and_bad_queries_are_4xx(stack: RunningStack) -> None:
     stack.client.wait_status(run["id"], {"succeeded"})
 
 
-def test_a_run_too_big_for_any_node_waits_with_a_reason_and_cancels_at_once(stack: RunningStack) -> None:
-    run = stack.client.submit(name="too-big", procs=8)
-    waiting = stack.client.wait_status(run["id"], {"queued"})
-    from torchyard.procs import wait_for
-
-    reason = wait_for(
-        lambda: "needs 8 slots" in (r := stack.client.run(run["id"]))["status_reason"] and r,
-        30,
-        "the scheduler's reason",
-    )["status_reason"]
-    assert "has 4" in reason, reason
-    assert waiting["status"] == "queued"
-    cancelled = stack.client.http.post(f"/api/v1/runs/{run['id']}/cancel")
-    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
-    assert stack.client.http.post(f"/api/v1/runs/{run['id']}/cancel").status_code == 409
+def test_a_run_too_big_for_every_node_is_422_naming_the_field_and_the_largest_node(stack: RunningStack) -> None:
+    node = stack.settings.node_id
+    for resources, field, words in [
+        (
+            {"procs_per_node": 16},
+            "procs_per_node",
+            f"resources.procs_per_node (16): the largest node, {node}, has 4 slots",
+        ),
+        (
+            {"procs_per_node": 2, "nodes": 2},
+            "nodes",
+            f"resources.nodes (2) × procs_per_node (2): only 1 node(s) have 2 slots: {node}",
+        ),
+    ]:
+        spec = run_spec(name="too-big", batch_size=64)
+        spec["resources"].update(resources)
+        response = post_run(stack, spec)
+        assert response.status_code == 422, response.text
+        (error,) = response.json()["detail"]
+        assert error["loc"] == ["body", "resources", field] and words in error["msg"], error

@@ -1,5 +1,5 @@
 """An unmodified script's own collectives (``dist.all_reduce`` etc., FSDP2's all-gathers and
-reduce-scatters) are timed and counted: 2 real Gloo ranks under torchrun, instrumented the way the
+reduce-scatters, DTensor's functional collectives) are timed and counted: 2 real Gloo ranks under torchrun, instrumented the way the
 launcher instruments a script run (``workers/inject`` first on ``PYTHONPATH``), metrics read back
 from the run's Redis stream (the SDK's real path)."""
 
@@ -11,16 +11,16 @@ import sys
 import textwrap
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import redis
 
+from cli.redis_server import RedisServer
 from torchyard import streams
-from torchyard.procs import RedisServer
 from workers.code import INJECT_DIR
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 # The distributed tutorial's "manual averaging": no DDP, the script all-reduces its gradients itself.
@@ -84,12 +84,73 @@ for step in range(int(sys.argv[1])):
 dist.destroy_process_group()
 """
 
+# Tensor parallelism (DTensor): its collectives never go through torch.distributed.*
+TENSOR_PARALLEL = """
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(int(sys.argv[1])):
+    optimizer.zero_grad()
+    loss = nn.functional.mse_loss(model(torch.randn(8, 16)), torch.randn(8, 8))
+    loss.backward()
+    optimizer.step()
+dist.destroy_process_group()
+"""
+
+# Mixed precision's loss scaling and two micro-batches per step (their mean is the step's loss);
+# from step 4 on, the script logs a loss of its own.
+SCALED_ACCUMULATION = """
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+dist.init_process_group("gloo")
+torch.manual_seed(dist.get_rank())
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+for step in range(1, int(sys.argv[1]) + 1):
+    optimizer.zero_grad()
+    micro = []
+    for _ in range(2):
+        loss = nn.functional.mse_loss(model(torch.randn(8, 4)), torch.randn(8, 1))
+        micro.append(loss.item())
+        scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    print(f"LOSS {dist.get_rank()} {step} {sum(micro) / 2!r}", flush=True)
+    if step >= 4:
+        import torchyard
+
+        torchyard.log(step, loss=-1.0)
+dist.destroy_process_group()
+"""
+
 GRADIENT_BYTES = (10 * 64 + 64 + 64 * 5 + 5) * 4  # 4,116
 UNIT_BYTES = ((16 * 32 + 32) * 4, (32 * 8 + 8) * 4)  # the two FSDP units' unsharded parameters
 
 
-def run_script(tmp_path: Path, source: str, steps: int) -> dict[tuple[int, int], dict[str, float]]:
-    """Runs ``source`` as torchrun would on 2 Gloo ranks, instrumented; returns {(rank, step): metrics}."""
+class Ran(NamedTuple):
+    points: dict[tuple[int, int], dict[str, float]]  # (rank, step) -> metrics
+    losses: list[tuple[int, int, float]]  # every loss value in the stream, in order: (rank, step, value)
+    stdout: str
+
+
+def run_script(tmp_path: Path, source: str, steps: int) -> Ran:
+    """Runs ``source`` as torchrun would on 2 Gloo ranks, instrumented, and reads its run stream."""
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(source))
     server = RedisServer(tmp_path / "redis").start()
@@ -98,7 +159,7 @@ def run_script(tmp_path: Path, source: str, steps: int) -> dict[tuple[int, int],
             **{k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")},
             "PYTHONPATH": os.pathsep.join((str(INJECT_DIR), str(PROJECT_ROOT))),
             "TORCHYARD_INSTRUMENT": "1",
-            "TORCHYARD_REDIS_URL": server.url,
+            "TORCHYARD_RANK_REDIS_URL": server.url,
             "TORCHYARD_RUN_ID": "7",
             "OMP_NUM_THREADS": "1",
         }
@@ -122,22 +183,25 @@ def run_script(tmp_path: Path, source: str, steps: int) -> dict[tuple[int, int],
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "instrumentation failed" not in done.stderr, done.stderr[-3000:]
         points: dict[tuple[int, int], dict[str, float]] = defaultdict(dict)
+        losses = []
         client = redis.Redis.from_url(server.url)
-        entries: Any = client.xrange(streams.run_stream(7))
+        entries: Any = client.xrange(streams.rank_stream(7))
         for _, fields in entries:
             kind, entry = streams.decode(fields)
             if kind == streams.METRICS:
                 for step, _, values in entry["points"]:
                     points[(entry["rank"], step)].update(values)
+                    if "loss" in values:
+                        losses.append((entry["rank"], step, values["loss"]))
         client.close()
-        return dict(points)
+        return Ran(dict(points), losses, done.stdout)
     finally:
         server.stop()
 
 
 def test_manual_all_reduce_of_gradients_is_timed_and_counted(tmp_path: Path) -> None:
     steps = 8
-    points = run_script(tmp_path, MANUAL_AVERAGING, steps)
+    points = run_script(tmp_path, MANUAL_AVERAGING, steps).points
     assert {(rank, step) for rank in (0, 1) for step in range(1, steps + 1)} <= set(points)
     for (rank, step), metrics in sorted(points.items()):
         assert metrics["comm_bytes"] == GRADIENT_BYTES, (rank, step, metrics)
@@ -150,7 +214,7 @@ def test_manual_all_reduce_of_gradients_is_timed_and_counted(tmp_path: Path) -> 
 
 def test_fsdp2_all_gathers_and_reduce_scatters_are_timed_and_counted(tmp_path: Path) -> None:
     steps = 6
-    points = run_script(tmp_path, FSDP2, steps)
+    points = run_script(tmp_path, FSDP2, steps).points
     assert {(rank, step) for rank in (0, 1) for step in range(1, steps + 1)} <= set(points)
     for (rank, step), metrics in points.items():
         # each unit: all-gathered (the whole unsharded buffer) for forward and again for backward
@@ -158,3 +222,37 @@ def test_fsdp2_all_gathers_and_reduce_scatters_are_timed_and_counted(tmp_path: P
         assert metrics["comm_bytes"] == 3 * sum(UNIT_BYTES), (rank, step, metrics)
         assert metrics["comm_time_s"] > 0 and metrics["busbw_GBps"] > 0, (rank, step, metrics)
         assert 0 < metrics["exposed_comm_s"] <= metrics["comm_time_s"], (rank, step, metrics)
+
+
+def test_tensor_parallel_collectives_are_timed_and_counted(tmp_path: Path) -> None:
+    steps = 5
+    points = run_script(tmp_path, TENSOR_PARALLEL, steps).points
+    assert {(rank, step) for rank in (0, 1) for step in range(1, steps + 1)} <= set(points)
+    for (rank, step), metrics in points.items():
+        # the row-wise Linear's partial outputs summed: one all-reduce of the (8, 8) output a step
+        # (the column-wise one's input is the data: no gradient to all-reduce in backward)
+        assert metrics["comm_bytes"] == metrics["comm_bytes_all_reduce"] == 8 * 8 * 4, (rank, step, metrics)
+        assert 0 < metrics["exposed_comm_s"] == pytest.approx(metrics["comm_time_s"]), (rank, step, metrics)
+
+
+def test_an_unmodified_scripts_loss_is_what_it_called_backward_on_unscaled_until_it_logs_its_own(
+    tmp_path: Path,
+) -> None:
+    steps = 6
+    ran = run_script(tmp_path, SCALED_ACCUMULATION, steps)
+    printed = {}
+    for line in ran.stdout.splitlines():
+        if line.startswith("LOSS "):
+            _, rank, step, value = line.split()
+            printed[(int(rank), int(step))] = float(value)
+    assert len(printed) == 2 * steps, ran.stdout[-2000:]
+    by_step: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for rank, step, value in ran.losses:
+        by_step[(rank, step)].append(value)
+    for rank in (0, 1):
+        for step in (1, 2, 3):  # ours: the mean of the two micro-batches, not ×1024 (the scale)
+            assert by_step[(rank, step)] == [pytest.approx(printed[(rank, step)], rel=1e-6)], (rank, step, by_step)
+        # the script's own loss from step 4: step 4 was captured by us first; later steps are its own
+        assert by_step[(rank, 4)][-1] == -1.0
+        for step in (5, 6):
+            assert by_step[(rank, step)] == [-1.0], (rank, step, by_step)

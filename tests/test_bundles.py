@@ -16,9 +16,11 @@ import httpx
 import pytest
 
 from backend import bundles
-from tests.conftest import RunningStack, sqlite_stack
+from cli.wait import wait_for
+from testkit.stack import RunningStack, sqlite_stack
+from torchyard import archive
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(240)]
 LIMIT = 64 * 1024
 
 # Written the way the PyTorch DDP tutorial writes it: nothing torchyard-specific.
@@ -78,12 +80,19 @@ for step in range(1, int(sys.argv[1]) + 1):
 print("logged", os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"], os.environ["MASTER_ADDR"])
 """
 
+# Rank 1 fails while rank 0 waits for it in a collective (which then fails too, or is ended by torchrun).
 RAISES = """
-import os
-if os.environ["RANK"] == "1":
-    raise ValueError("the user's script broke on purpose")
-import time
-time.sleep(30)
+import torch.distributed as dist
+
+
+def load_shard(rank):
+    if rank == 1:
+        raise ValueError("bad shard 7")
+
+
+dist.init_process_group("gloo")
+load_shard(dist.get_rank())
+dist.barrier()
 """
 
 
@@ -226,22 +235,59 @@ def test_script_using_the_sdk_reports_its_own_keys(stack: RunningStack) -> None:
     assert any(line["text"].startswith("logged 2 ") for line in logs), "torchrun's env reaches the script"
 
 
-def test_script_that_raises_fails_the_run_with_its_traceback(stack: RunningStack) -> None:
-    bundle = upload(stack.client.http, zip_bytes({"boom.py": RAISES})).json()
-    submitted = stack.client.http.post("/api/v1/runs", json=script_spec(bundle["id"], "boom.py", [], "boom"))
+def test_a_script_whose_rank_raises_fails_the_run_with_that_ranks_own_exception_first(stack: RunningStack) -> None:
+    bundle = upload(stack.client.http, zip_bytes({"shards.py": RAISES})).json()
+    submitted = stack.client.http.post("/api/v1/runs", json=script_spec(bundle["id"], "shards.py", [], "boom"))
     failed = stack.client.wait_status(submitted.json()["id"], {"failed"})
-    assert "ValueError: the user's script broke on purpose" in failed["status_reason"]
-    assert "Traceback" in failed["status_reason"]
+    reason = failed["status_reason"]
+    print(reason)
+    lines = RAISES.splitlines()
+    raised, called = (
+        lines.index(text) + 1 for text in ('        raise ValueError("bad shard 7")', "load_shard(dist.get_rank())")
+    )
+    assert reason.startswith(f"ValueError: bad shard 7\non rank 1 at shards.py line {raised}, in load_shard\n"), reason
+    assert f'File "shards.py", line {called}, in <module>' in reason, "the last frames, paths as in the bundle"
+    assert reason.splitlines()[-1].startswith("torchrun: shards.py FAILED (exit code 1; root cause: rank "), reason
+    assert "To enable traceback" not in reason
 
 
 def test_bundle_tools_refuse_what_a_worker_must_not_unpack(tmp_path: Path) -> None:
-    archive = tmp_path / "x.zip"
-    archive.write_bytes(zip_bytes({"a/b.py": "x", "c.py": "y"}))
-    assert bundles.extract(archive, tmp_path / "code", 10_000) == ["a/b.py", "c.py"]
+    bundle = tmp_path / "x.zip"
+    bundle.write_bytes(zip_bytes({"a/b.py": "x", "c.py": "y"}))
+    assert archive.extract(bundle, tmp_path / "code", 10_000) == ["a/b.py", "c.py"]
     assert (tmp_path / "code" / "a" / "b.py").read_text() == "x"
-    archive.write_bytes(zip_bytes({"a/../../b.py": "x"}))
-    with pytest.raises(bundles.BadBundle, match=r"\.\."):
-        bundles.extract(archive, tmp_path / "code2", 10_000)
-    archive.write_bytes(zip_bytes({"big.bin": "z" * 5000}))
-    with pytest.raises(bundles.BadBundle, match="unpacks to"):
-        bundles.extract(archive, tmp_path / "code3", 1000)
+    bundle.write_bytes(zip_bytes({"a/../../b.py": "x"}))
+    with pytest.raises(archive.BadBundle, match=r"\.\."):
+        archive.extract(bundle, tmp_path / "code2", 10_000)
+    bundle.write_bytes(zip_bytes({"big.bin": "z" * 5000}))
+    with pytest.raises(archive.BadBundle, match="unpacks to"):
+        archive.extract(bundle, tmp_path / "code3", 1000)
+
+
+SCRATCH_AND_CHECKPOINT = """
+import os, pathlib, sys
+pathlib.Path("scratch.bin").write_bytes(b"x" * 1024)  # in the unpacked code's folder (the cwd)
+checkpoints = pathlib.Path(os.environ["TORCHYARD_CHECKPOINT_DIR"])
+checkpoints.mkdir(parents=True, exist_ok=True)
+(checkpoints / f"rank{os.environ['RANK']}.pt").write_bytes(b"weights")
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("exit_code", [0, 3])
+def test_a_script_runs_unpacked_code_and_scratch_go_when_it_ends_and_its_checkpoints_stay(
+    stack: RunningStack, exit_code: int
+) -> None:
+    from workers import rundirs
+
+    bundle = upload(stack.client.http, zip_bytes({"train.py": SCRATCH_AND_CHECKPOINT})).json()
+    spec = script_spec(bundle["id"], "train.py", [str(exit_code)])
+    spec["training"]["steps"] = 1
+    response = stack.client.http.post("/api/v1/runs", json=spec)
+    assert response.status_code == 201, response.text
+    run_id = response.json()["id"]
+    stack.client.wait_status(run_id, {"succeeded" if exit_code == 0 else "failed"})
+
+    run_dir = rundirs.runs_dir(stack.settings) / str(run_id)
+    wait_for(lambda: not run_dir.exists(), 10, "the run's directory to be removed")  # gone before the exit report
+    assert sorted(p.name for p in (stack.settings.checkpoints / str(run_id)).iterdir()) == ["rank0.pt", "rank1.pt"]

@@ -1,4 +1,4 @@
-"""The chaos suite once per scenario (``tests/chaos.py``), on one stack of real processes.
+"""The chaos suite once per scenario (``testkit/chaos.py``), on one stack of real processes.
 ``python -m benchmarks.chaos --repeat N`` repeats it and prints pass counts."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.chaos import SCENARIOS, Chaos
-from tests.conftest import sqlite_stack
+from testkit.chaos import SCENARIOS, Chaos
+from testkit.stack import sqlite_stack
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
 
 @pytest.fixture(scope="module")

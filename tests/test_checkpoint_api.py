@@ -19,15 +19,13 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from backend import checkpoints as api_checkpoints
-from tests.conftest import RunningStack, run_spec, sqlite_stack
-from tests.test_e2e import run_processes
-from torchyard.procs import wait_for
+from cli.wait import wait_for
+from testkit.stack import RunningStack, run_processes, run_spec, sqlite_stack
+from torchyard import checkpoints as layout
 from torchyard.spec import RunSpec
-from workers.runtime import checkpoint as rank_checkpoint
 from workers.runtime.workloads import build
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
 PARAMS = {"hidden": 32}
 
 
@@ -39,7 +37,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
 
 @pytest.fixture(scope="module")
 def finished(stack: RunningStack) -> dict[str, Any]:
-    """A 30-step run that saved at steps 10 and 20, then finished."""
+    """A 30-step run that saved at steps 10, 20 and its last step, 30 (the newest two are kept)."""
     spec = run_spec(name="ckpt", steps=30, params=PARAMS, checkpoint_every=10)
     run_id = int(stack.client.http.post("/api/v1/runs", json=spec).raise_for_status().json()["id"])
     stack.client.wait_status(run_id, {"succeeded"}, timeout=180)
@@ -58,12 +56,8 @@ def cli(stack: RunningStack, *args: str) -> subprocess.CompletedProcess[str]:
         TORCHYARD_API_URL=stack.url, TORCHYARD_TOKEN=stack.token, TORCHYARD_STATE_DIR=str(stack.settings.state_dir)
     )
     return subprocess.run(
-        [sys.executable, "-m", "torchyard.cli", *args], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "cli.main", *args], env=env, capture_output=True, text=True, timeout=60
     )
-
-
-def test_the_api_reads_the_marker_the_ranks_write() -> None:
-    assert api_checkpoints.COMPLETE == rank_checkpoint.COMPLETE  # two modules: the api must not import torch
 
 
 def test_only_complete_checkpoints_are_listed(stack: RunningStack, finished: dict[str, Any]) -> None:
@@ -71,12 +65,12 @@ def test_only_complete_checkpoints_are_listed(stack: RunningStack, finished: dic
     (root / "step-999").mkdir()  # published by hand, never completed
     (root / "step-999" / "__0_0.distcp").write_bytes(b"x" * 100)
     (root / ".step-40.partial").mkdir()  # a save in flight (or one that died half way)
-    (root / ".step-40.partial" / rank_checkpoint.COMPLETE).write_text("40")
+    (root / ".step-40.partial" / layout.COMPLETE).write_text("40")
     (root / "step-notanumber").mkdir()
-    (root / "step-500").symlink_to(root / "step-10")  # a link could point anywhere: never served
+    (root / "step-500").symlink_to(root / "step-20")  # a link could point anywhere: never served
 
     items = listed(stack, finished["id"])
-    assert [c["step"] for c in items] == [10, 20]
+    assert [c["step"] for c in items] == [20, 30]  # 10 was removed when 30 was saved
     for c in items:
         on_disk = [p for p in (root / f"step-{c['step']}").rglob("*") if p.is_file()]
         assert c["files"] == len(on_disk) and c["files"] >= 4  # .metadata, a .distcp per rank, rank-N.pt, COMPLETE
@@ -86,7 +80,7 @@ def test_only_complete_checkpoints_are_listed(stack: RunningStack, finished: dic
     shown = cli(stack, "checkpoints", str(finished["id"]))
     assert shown.returncode == 0, shown.stderr
     rows = [line.split() for line in shown.stdout.splitlines()[1:]]
-    assert [row[0] for row in rows] == ["10", "20"], shown.stdout
+    assert [row[0] for row in rows] == ["20", "30"], shown.stdout
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -104,7 +98,7 @@ def test_a_checkpoint_downloads_as_a_tar_that_dcp_loads(
         tar.extractall(tmp_path, filter="data")
     assert all(name.startswith("step-20/") for name in names), names
     folder = tmp_path / "step-20"
-    assert (folder / rank_checkpoint.COMPLETE).read_text() == "20"
+    assert (folder / layout.COMPLETE).read_text() == "20"
     assert {"rank-0.pt", "rank-1.pt", ".metadata"} <= {p.name for p in folder.iterdir()}
     assert torch.load(folder / "rank-1.pt", weights_only=False)["step"] == 20
 
@@ -139,10 +133,10 @@ def test_unknown_runs_and_steps_are_404s_naming_the_steps_there_are(
         assert missing.status_code == 404, (step, missing.text)
         assert (
             missing.json()["detail"]
-            == f"run {run_id} has no checkpoint at step {step}: its checkpoints are at steps 10, 20"
+            == f"run {run_id} has no checkpoint at step {step}: its checkpoints are at steps 20, 30"
         )
     bad = cli(stack, "checkpoints", str(run_id), "--download", "15", "-o", str(tmp_path / "x.tar"))
-    assert bad.returncode != 0 and "steps 10, 20" in bad.stderr
+    assert bad.returncode != 0 and "steps 20, 30" in bad.stderr
     assert not list(tmp_path.iterdir())
 
     # A run without checkpoints lists none.
@@ -179,7 +173,7 @@ def test_cancel_with_checkpoint_on_cancel_saves_where_the_ranks_stopped(stack: R
     http.post(f"/api/v1/runs/{run_id}/cancel").raise_for_status()
     stack.client.wait_status(run_id, {"cancelled"}, timeout=120)
     took = time.monotonic() - asked
-    _gone, alive = psutil.wait_procs(run_processes(run_id), timeout=15)
+    _gone, alive = psutil.wait_procs(run_processes(run_id, stack.settings.checkpoints), timeout=15)
     assert not alive, f"left running: {alive}"
 
     def saved_on_cancel() -> list[int]:
@@ -194,7 +188,7 @@ def test_cancel_with_checkpoint_on_cancel_saves_where_the_ranks_stopped(stack: R
     items = listed(stack, run_id)
     assert items[-1]["step"] == stopped, items
     folder = stack.settings.checkpoints / str(run_id) / f"step-{stopped}"
-    assert (folder / rank_checkpoint.COMPLETE).read_text() == str(stopped)
+    assert (folder / layout.COMPLETE).read_text() == str(stopped)
     assert all(torch.load(folder / f"rank-{r}.pt", weights_only=False)["step"] == stopped for r in (0, 1))
     assert took < 60, f"the save on cancel took {took:.1f} s"
 

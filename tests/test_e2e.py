@@ -4,44 +4,21 @@ read back metrics, logs, events and the live stream — on SQLite and on Postgre
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
-import httpx
 import psutil
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session
 
 from backend.models import Metric
-from tests.conftest import TERMINAL, RunningStack
-from torchyard import sse
-from torchyard.procs import wait_for
+from cli import sse
+from cli.main import main as cli
+from cli.wait import wait_for
+from testkit.stack import RunningStack, read_sse, run_processes
+from torchyard.states import TERMINAL
 
-pytestmark = pytest.mark.timeout(240)
-
-
-def read_sse(
-    stack: RunningStack,
-    run_id: int,
-    last_event_id: str | None = None,
-    limit: int | None = None,
-    on_event: Callable[[sse.Event], None] | None = None,
-) -> list[sse.Event]:
-    """Every event until the server ends the stream or ``limit`` is reached."""
-    headers = {"Authorization": f"Bearer {stack.token}"}
-    if last_event_id:
-        headers["Last-Event-ID"] = last_event_id
-    events: list[sse.Event] = []
-    url = f"{stack.url}/api/v1/runs/{run_id}/stream"
-    with httpx.stream("GET", url, headers=headers, timeout=httpx.Timeout(30, read=60)) as response:
-        assert response.status_code == 200, response.read()
-        for event in sse.parse(response.iter_lines()):
-            events.append(event)
-            if on_event:
-                on_event(event)
-            if limit and len(events) >= limit:
-                break
-    return events
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(240)]
 
 
 def test_ddp_run_succeeds_with_every_step_of_every_rank_stored_once(stack: RunningStack) -> None:
@@ -52,7 +29,8 @@ def test_ddp_run_succeeds_with_every_step_of_every_rank_stored_once(stack: Runni
     assert done["last_step"] == steps
 
     events = stack.client.http.get(f"/api/v1/runs/{run['id']}/events").json()
-    assert [e["to_status"] for e in events] == ["queued", "scheduled", "running", "succeeded"]
+    states = [e["to_status"] for e in events if not e["alert"]]  # a live alert is no state change
+    assert states == ["queued", "scheduled", "running", "succeeded"]
 
     # Exactly once: one row per (rank, step) for loss, on both ranks, steps 1..N.
     engine = create_engine(stack.settings.sqlalchemy_url)
@@ -90,6 +68,23 @@ def test_ddp_run_succeeds_with_every_step_of_every_rank_stored_once(stack: Runni
     listed = stack.client.http.get("/api/v1/runs", params={"status": "succeeded", "name": "mlp-ddp"}).json()
     assert run["id"] in [r["id"] for r in listed["items"]]
 
+    # Rank 0's facts are on its attempt, and the scaling advisor projects the run (the maths:
+    # tests/test_advisor.py); at its own world size the projection is the run.
+    facts = stack.client.run(run["id"])["attempts"][-1]["facts"]
+    assert facts["world"] == 2 and len(facts["calibration"]) == 4 and facts["ops_per_step"]["all_reduce"] >= 1
+    answer = stack.client.http.get(f"/api/v1/runs/{run['id']}/projection", params={"ranks": "1-4"})
+    assert answer.status_code == 200, answer.text
+    projected = answer.json()
+    assert [p["ranks"] for p in projected["points"]] == [1, 2, 3, 4] and projected["strategy"] == "ddp"
+    assert projected["points"][1]["samples_per_s"] == pytest.approx(projected["measured"]["samples_per_s"])
+    refused = stack.client.http.get(f"/api/v1/runs/{run['id']}/projection", params={"ranks": "0"})
+    assert refused.status_code == 422 and "between 1 and" in refused.text
+    printed = CliRunner().invoke(
+        cli, ["project", str(run["id"]), "--ranks", "2,8", "--api-url", stack.url, "--token", stack.token]
+    )
+    assert printed.exit_code == 0, printed.output
+    assert "(measured)" in printed.output and "assumptions:" in printed.output and "weak scaling" in printed.output
+
 
 def test_stream_delivers_metrics_live_and_resumes_by_last_event_id(stack: RunningStack) -> None:
     run = stack.client.submit(name="live", steps=1500, params={"hidden": 32})
@@ -112,33 +107,26 @@ def test_stream_delivers_metrics_live_and_resumes_by_last_event_id(stack: Runnin
     assert points == {(r, s) for r in (0, 1) for s in range(1, 1501)}
 
 
-def run_processes(run_id: int) -> list[psutil.Process]:
-    """Every live process that belongs to the run (the launcher gives each its run id)."""
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if proc.environ().get("TORCHYARD_RUN_ID") == str(run_id) and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
-
-
 def test_cancel_ends_every_process_of_the_run_within_5_seconds(stack: RunningStack) -> None:
     run = stack.client.submit(name="to-cancel", steps=10_000_000, params={"hidden": 32})
     wait_for(lambda: stack.client.run(run["id"])["last_step"] > 5, 60, "the run to train a few steps", 0.2)
-    procs = run_processes(run["id"])
+    procs = run_processes(run["id"], stack.settings.checkpoints)
     assert len(procs) >= 3, f"expected torchrun and 2 ranks, found {procs}"
     started = time.monotonic()
     cancelled = stack.client.http.post(f"/api/v1/runs/{run['id']}/cancel")
-    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelling"
+    assert cancelled.status_code == 202 and cancelled.json()["status"] == "cancelling"
     _gone, alive = psutil.wait_procs(procs, timeout=5)
     assert not alive, f"still alive 5 s after cancel: {alive}"
     stack.client.wait_status(run["id"], {"cancelled"}, timeout=10)
     assert time.monotonic() - started < 10
     # and nothing of the run outlives it (torch elastic's helpers included; under load they can
     # take a moment longer than the ranks)
-    wait_for(lambda: not run_processes(run["id"]), 5, f"every process of run {run['id']} to end", 0.1)
+    wait_for(
+        lambda: not run_processes(run["id"], stack.settings.checkpoints),
+        5,
+        f"every process of run {run['id']} to end",
+        0.1,
+    )
     again = stack.client.http.post(f"/api/v1/runs/{run['id']}/cancel")
     assert again.status_code == 409 and "cancelled" in again.json()["detail"]
 

@@ -4,9 +4,7 @@ fuzzer submits wait in the queue instead of training."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import schemathesis
@@ -15,27 +13,17 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from backend.app import create_app
-from torchyard.local import Stack
-from torchyard.procs import RedisServer, free_port
-from torchyard.settings import Settings
+from testkit.stack import api_only_stack
+
+pytestmark = pytest.mark.stack
 
 schema = schemathesis.openapi.from_dict(create_app().openapi())
 
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    tmp: Path = tmp_path_factory.mktemp("fuzz")
-    redis = RedisServer(tmp / "redis").start()
-    token = f"ty_fuzz_{uuid.uuid4().hex}"
-    stack = Stack(
-        Settings(state_dir=tmp / "state", database_url=f"sqlite:///{tmp / 'db.sqlite'}", redis_url=redis.url,
-                 port=free_port(), admin_token=token),
-        processes=("api",),
-    )  # fmt: skip
-    stack.start()
-    yield stack.settings.api_url, token
-    stack.stop()
-    redis.stop()
+    with api_only_stack(tmp_path_factory.mktemp("fuzz")) as running:
+        yield running.url, running.token
 
 
 @pytest.mark.timeout(300)

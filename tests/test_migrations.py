@@ -14,7 +14,7 @@ from backend.migrate import downgrade, upgrade
 from backend.models import Base
 
 pytestmark = pytest.mark.timeout(120)
-TABLES = {"runs", "attempts", "allocations", "nodes", "run_events", "metrics", "log_lines", "tokens"}
+TABLES = {"runs", "attempts", "allocations", "nodes", "run_events", "metrics", "log_lines", "tokens", "sessions"}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -1,111 +1,23 @@
 """Multi-node runs across real network boundaries: every worker in its own network namespace
-with its own address (tests/netns.py), Redis and the api reached over a bridge. Gang placement,
+with its own address (testkit/netns.py, testkit/cluster.py), Redis and the api reached over a bridge. Gang placement,
 the c10d rendezvous on node rank 0's address, and a node whose network is cut mid-run."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests import netns
-from tests.conftest import Client, RunningStack, run_spec
-from tests.test_e2e import run_processes
-from torchyard.local import Stack
-from torchyard.procs import RedisServer, free_port, wait_for
-from torchyard.settings import Settings, settings_env
+from cli.wait import wait_for
+from testkit import netns
+from testkit.cluster import Cluster, running_cluster, two_gangs_on_three_nodes
+from testkit.stack import metric_rows, row_gaps, run_processes, run_spec
 
 pytestmark = [
+    pytest.mark.netns,
     pytest.mark.timeout(300),
     pytest.mark.skipif(not netns.available(), reason="network namespaces need root and iproute2"),
 ]
-SLOTS = (4, 2, 2)  # host-0 can take a 1 × 4 run; two 2 × 2 runs on three hosts must take turns
-
-
-class Cluster:
-    def __init__(self, tmp: Path, network: netns.Network, redis: RedisServer, stack: RunningStack) -> None:
-        self.tmp, self.network, self.redis, self.stack = tmp, network, redis, stack
-        self.client: Client = stack.client
-        self.workers: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start_worker(self, index: int) -> None:
-        host = self.network.hosts[index]
-        node = f"host-{index}"
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")},
-            **settings_env(self.stack.settings),
-            "TORCHYARD_NODE_ID": node,
-            "TORCHYARD_NODE_HOST": host.address,
-            "TORCHYARD_NODE_SLOTS": str(SLOTS[index]),
-            "TORCHYARD_REDIS_URL": self.redis.url_at(self.network.gateway),
-            "TORCHYARD_API_URL": f"http://{self.network.gateway}:{self.stack.settings.port}",
-            "TORCHYARD_STATE_DIR": str(self.tmp / node),  # its own disk...
-            "TORCHYARD_CHECKPOINT_ROOT": str(self.tmp / "shared-checkpoints"),  # ...and the shared one
-            "GLOO_SOCKET_IFNAME": host.ifname,
-        }
-        self.workers[node] = subprocess.Popen(
-            host.command(sys.executable, "-m", "torchyard.cli", "worker"), env=env, stdout=subprocess.DEVNULL
-        )
-
-    def node(self, node_id: str) -> dict[str, Any]:
-        nodes = {n["id"]: n for n in self.client.http.get("/api/v1/nodes").json()}
-        return dict(nodes.get(node_id, {}))
-
-    def submit(self, name: str, nodes: int, procs: int, **training: Any) -> int:
-        spec = run_spec(name=name, procs=procs, params={"hidden": 32}, **training)
-        spec["resources"]["nodes"] = nodes
-        response = self.client.http.post("/api/v1/runs", json=spec)
-        assert response.status_code == 201, response.text
-        return int(response.json()["id"])
-
-    def mean_loss(self, run_id: int) -> list[float]:
-        series = self.client.http.get(f"/api/v1/runs/{run_id}/metrics", params={"key": "loss"}).json()
-        return [float(v) for v in series["aggregate"]["mean"]]
-
-
-@contextmanager
-def running_cluster(tmp: Path) -> Iterator[Cluster]:
-    """The api, ingest and Redis on the bridge; one worker per host (``SLOTS``), each alive."""
-    with netns.Network(len(SLOTS)) as network:
-        redis = RedisServer(tmp / "redis", addresses=(network.gateway,)).start()
-        settings = Settings(
-            state_dir=tmp / "api",
-            database_url=f"sqlite:///{tmp / 'torchyard.db'}",
-            redis_url=redis.url,
-            host="0.0.0.0",
-            port=free_port(),
-            admin_token=f"ty_test_{uuid.uuid4().hex}",
-            heartbeat_s=0.5,
-            node_timeout_s=5,
-            scheduler_interval_s=0.5,
-        )
-        stack = Stack(settings, processes=("api", "ingest"))
-        token = stack.start()
-        running = Cluster(tmp, network, redis, RunningStack(stack, token))
-        try:
-            for index in range(len(SLOTS)):
-                running.start_worker(index)
-            for index in range(len(SLOTS)):
-                node = f"host-{index}"
-                wait_for(lambda: running.node(node).get("status") == "alive", 60, node)  # noqa: B023
-            yield running
-        finally:
-            for proc in running.workers.values():
-                proc.terminate()
-            for proc in running.workers.values():
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            stack.stop()
-            redis.stop()
 
 
 @pytest.fixture(scope="module")
@@ -139,28 +51,6 @@ def test_two_gangs_on_three_nodes_take_turns_and_never_hold_a_partial_allocation
     two_gangs_on_three_nodes(cluster)
 
 
-def two_gangs_on_three_nodes(cluster: Cluster) -> None:
-    """Also a chaos scenario (``python -m benchmarks.chaos``)."""
-    first = cluster.submit("gang-a", nodes=2, procs=2, steps=40)
-    second = cluster.submit("gang-b", nodes=2, procs=2, steps=40)
-    seen: dict[int, set[int]] = {first: set(), second: set()}
-    waiting_reasons: list[str] = []
-
-    def both_done() -> bool:
-        runs = {r: cluster.client.run(r) for r in (first, second)}
-        for run_id, run in runs.items():
-            if run["status"] in ("scheduled", "running", "queued"):
-                seen[run_id].add(len(run["node_ids"]) if run["status"] != "queued" else 0)
-            if run["status"] == "queued":
-                waiting_reasons.append(run["status_reason"])
-            assert run["status"] not in ("failed", "cancelled"), run
-        return all(r["status"] == "succeeded" for r in runs.values())
-
-    wait_for(both_done, 240, "both gangs to finish", interval=0.2)
-    assert all(sizes <= {0, 2} for sizes in seen.values()), seen
-    assert any("needs 2 slots on each of 2 nodes" in r for r in waiting_reasons), waiting_reasons[-3:]
-
-
 def test_a_node_whose_network_is_cut_is_lost_and_the_run_resumes_on_other_nodes(cluster: Cluster) -> None:
     steps, every = 800, 100
     run_id = cluster.submit("survives-a-cut", nodes=2, procs=2, steps=steps, checkpoint_every=every)
@@ -191,5 +81,35 @@ def test_a_node_whose_network_is_cut_is_lost_and_the_run_resumes_on_other_nodes(
     assert {rank: len(points["step"]) for rank, points in series["ranks"].items()} == {
         str(r): steps for r in range(4)
     }  # one value per rank and step: replayed steps count once
+    assert (
+        row_gaps(metric_rows(cluster.stack.settings, run_id), steps, ranks=4, keys={"loss"}) == []
+    )  # rows: none twice
     wait_for(lambda: cluster.node(victim).get("status") == "alive", 60, f"{victim} to heartbeat again")
-    wait_for(lambda: not run_processes(run_id), 60, "the cut node's ranks to be ended")
+    wait_for(
+        lambda: not run_processes(run_id, cluster.stack.settings.checkpoints), 60, "the cut node's ranks to be ended"
+    )
+
+
+@pytest.mark.parametrize(
+    ("hang_in", "named"),
+    [
+        ("data_loading", "rank 1 never entered all_reduce #"),  # stuck in Python: its frame follows
+        ("skip_collective", "rank 1 never entered all_reduce #"),
+        ("other_collective", "rank 0 in all_reduce #1 (group 1), rank 1 in broadcast #1 (group 1)"),
+    ],
+)
+def test_a_hang_across_nodes_is_diagnosed_from_both_nodes_dumps(cluster: Cluster, hang_in: str, named: str) -> None:
+    spec = run_spec(name=f"hangs-across-{hang_in}", workload="fail", procs=1, steps=200, batch_size=16)
+    spec["resources"]["nodes"] = 2
+    spec["workload"]["params"] = {"at_step": 4, "hang": True, "rank": 1, "hang_in": hang_in}
+    spec["training"].update(stall_timeout_s=4, max_attempts=1)
+    response = cluster.client.http.post("/api/v1/runs", json=spec)
+    assert response.status_code == 201, response.text
+    run_id = int(response.json()["id"])
+    failed = cluster.client.wait_status(run_id, {"failed"}, timeout=120)
+    found = cluster.client.http.get(f"/api/v1/runs/{run_id}/diagnosis").json()
+    assert (found["status"], found["nodes"], found["nodes_answered"], found["answered"]) == ("complete", 2, 2, 2)
+    assert found["headline"].startswith(named), found["headline"]
+    if hang_in == "data_loading":
+        assert "rank 1 is at workloads.py:" in found["headline"]
+    assert found["headline"] in failed["status_reason"]

@@ -13,11 +13,13 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import Client, start_stack
-from tests.test_e2e import run_processes
-from torchyard.procs import RedisServer, free_port, wait_for
+from cli.redis_server import RedisServer
+from cli.wait import wait_for
+from testkit.stack import Client, metric_rows, row_gaps, run_processes, start_stack
+from torchyard.net import free_port
+from workers import rundirs
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(180)]
 
 
 def test_up_serves_the_cli_and_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
@@ -25,7 +27,7 @@ def test_up_serves_the_cli_and_ctrl_c_stops_every_process_it_started(tmp_path: P
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")}
     env.update(TORCHYARD_STATE_DIR=str(tmp_path / "state"), TORCHYARD_PORT=str(port), TORCHYARD_NODE_SLOTS="4")
     up = subprocess.Popen(
-        [sys.executable, "-m", "torchyard.cli", "up"],
+        [sys.executable, "-m", "cli.main", "up"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -39,11 +41,14 @@ def test_up_serves_the_cli_and_ctrl_c_stops_every_process_it_started(tmp_path: P
                 break
         token = printed[-1].split(":", 1)[1].strip()
         assert any(f"http://127.0.0.1:{port}/" in line and token in line for line in printed), printed
-        assert any("sqlite:///" in line for line in printed) and any("redis://127.0.0.1:" in line for line in printed)
+        assert any("sqlite:///" in line for line in printed) and any(
+            "redis://torchyard:***@127.0.0.1:" in line
+            for line in printed  # the platform's password is not printed
+        )
         client = Client(f"http://127.0.0.1:{port}", token)
         wait_for(lambda: client.http.get("/api/v1/nodes").json(), 30, "the worker's heartbeat")
 
-        cli = [sys.executable, "-m", "torchyard.cli"]
+        cli = [sys.executable, "-m", "cli.main"]
         submitted = subprocess.run(
             [*cli, "submit", "--steps", "10000000", "--procs", "2", "--name", "forever"],
             env=env,
@@ -69,10 +74,14 @@ def test_up_serves_the_cli_and_ctrl_c_stops_every_process_it_started(tmp_path: P
         assert "[rank 0] step 20/20" in followed.stdout and "[rank 1]" in followed.stdout, followed.stdout
         assert "--- running" in followed.stderr and "--- succeeded" in followed.stderr, followed.stderr
 
-        children = psutil.Process(up.pid).children(recursive=True) + run_processes(run_id)
-        assert len(run_processes(run_id)) >= 3
+        ours = run_processes(run_id, tmp_path / "state" / "checkpoints")  # not another stack's run of this id
+        children = psutil.Process(up.pid).children(recursive=True) + ours
+        assert len(ours) >= 3
         up.send_signal(signal.SIGINT)
         assert up.wait(30) == 0
+        said = up.stdout.read()  # type: ignore[union-attr]
+        assert f"run {run_id} 'forever' at step" in said and "it starts again from step 1" in said, said
+        assert "GET /api/v1" not in "".join(printed) + said, "quiet by default: no access log"
         _gone, alive = psutil.wait_procs(children, timeout=10)
         assert not alive, f"left running after Ctrl-C: {alive}"
         with pytest.raises(httpx.ConnectError):
@@ -80,6 +89,59 @@ def test_up_serves_the_cli_and_ctrl_c_stops_every_process_it_started(tmp_path: P
     finally:
         if up.poll() is None:
             up.kill()
+
+
+def start_up(env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    """`torchyard up`, once it printed its admin token (the last line of its start)."""
+    up = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    for line in up.stdout:  # type: ignore[union-attr]
+        if line.startswith("admin token:"):
+            return up, line.split(":", 1)[1].strip()
+    raise AssertionError(f"up exited with {up.wait()} before printing its token")
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_on_up_saves_a_run_that_saves_on_cancel_and_the_next_up_resumes_it(tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")}
+    env.update(TORCHYARD_STATE_DIR=str(tmp_path / "state"), TORCHYARD_PORT=str(port), TORCHYARD_NODE_SLOTS="2")
+    up, token = start_up(env)
+    try:
+        client = Client(f"http://127.0.0.1:{port}", token)
+        run_id = client.submit(
+            name="saves-on-stop", steps=3000, params={"hidden": 32}, checkpoint_every=100_000, checkpoint_on_cancel=True
+        )["id"]
+        wait_for(lambda: client.run(run_id)["last_step"] > 20, 90, "the run to train")
+        up.send_signal(signal.SIGINT)
+        said = up.communicate(timeout=180)[0]
+        assert up.returncode == 0, said
+        assert f"run {run_id} 'saves-on-stop' at step" in said and "saves a checkpoint at its next step" in said, said
+
+        up, token = start_up(env)  # the same state dir: the same database, checkpoints and token
+        client = Client(f"http://127.0.0.1:{port}", token)
+        saved = [c["step"] for c in client.http.get(f"/api/v1/runs/{run_id}/checkpoints").json()]
+        assert len(saved) == 1 and 20 < saved[0] < 3000, saved
+        done = client.wait_status(run_id, {"succeeded"}, timeout=150)
+        assert done["attempt_count"] == 2
+        texts = [
+            line["text"] for line in client.http.get(f"/api/v1/runs/{run_id}/logs", params={"limit": 10000}).json()
+        ]
+        assert any(f"the worker is stopping; checkpoint saved at step {saved[0]}" in t for t in texts), [
+            t for t in texts if "checkpoint" in t
+        ]
+        assert any(f"resumed from the checkpoint at step {saved[0]}" in t for t in texts), texts[-40:]
+        events = client.http.get(f"/api/v1/runs/{run_id}/events").json()
+        restart = next(e for e in events if e["to_status"] == "restarting")
+        assert "shut down while the run was training" in restart["reason"], restart
+    finally:
+        if up.poll() is None:
+            up.send_signal(signal.SIGINT)
+            try:
+                up.wait(60)
+            except subprocess.TimeoutExpired:
+                up.kill()
 
 
 def test_a_killed_worker_leaves_no_orphans_and_its_run_resumes_from_the_checkpoint(tmp_path: Path) -> None:
@@ -91,18 +153,25 @@ def test_a_killed_worker_leaves_no_orphans_and_its_run_resumes_from_the_checkpoi
         wait_for(lambda: stack.client.run(run["id"])["last_step"] > 2 * every + 50, 90, "a checkpoint and more steps")
         worker = psutil.Process(stack.stack.procs["worker"].pid)
         celery_tree = [worker, *worker.children(recursive=True)]
-        celery_tree = [p for p in celery_tree if p not in run_processes(run["id"])]
+        celery_tree = [p for p in celery_tree if p not in run_processes(run["id"], stack.settings.checkpoints)]
         for proc in celery_tree:
             proc.kill()
         psutil.wait_procs(celery_tree, timeout=10)
-        orphans = run_processes(run["id"])
+        orphans = run_processes(run["id"], stack.settings.checkpoints)
         assert len(orphans) >= 3, "the trap: killing the worker leaves the run's processes training"
+        run_dir = rundirs.runs_dir(stack.settings) / str(run["id"])
+        assert (run_dir / "attempt-1").is_dir(), "the killed worker never removed its share's run directory"
 
         stack.stack.spawn("worker")
         _gone, alive = psutil.wait_procs(orphans, timeout=30)
         assert not alive, f"the restarted worker left orphans: {alive}"
+        wait_for(
+            lambda: not (run_dir / "attempt-1").exists(), 30, "the restarted worker to remove the dead share's dir"
+        )
         done = stack.client.wait_status(run["id"], {"succeeded"}, timeout=120)
         assert done["attempt_count"] == 2
+        assert not run_dir.exists(), "the run ended: its scratch is gone"
+        assert any((stack.settings.checkpoints / str(run["id"])).iterdir()), "its checkpoints are kept"
 
         events = stack.client.http.get(f"/api/v1/runs/{run['id']}/events").json()
         states = [e["to_status"] for e in events]
@@ -114,12 +183,28 @@ def test_a_killed_worker_leaves_no_orphans_and_its_run_resumes_from_the_checkpoi
         logs = stack.client.http.get(f"/api/v1/runs/{run['id']}/logs", params={"limit": 10000}).json()
         resumed = [line["text"] for line in logs if "resumed from the checkpoint at step" in line["text"]]
         resumed_at = {int(t.split("resumed from the checkpoint at step ")[1].split()[0]) for t in resumed}
-        assert len(resumed_at) == 1 and resumed_at.pop() in range(2 * every, steps, every), resumed
+        # the orphans train on until the new worker ends them: on a fast machine to the last step,
+        # whose checkpoint (training.checkpoint_final) the next attempt then starts from
+        assert len(resumed_at) == 1 and (resumed_step := resumed_at.pop()) in range(2 * every, steps + 1, every), (
+            resumed
+        )
 
-        # Every step has exactly one value per rank: the replayed steps show the newer attempt's.
+        # Every step has one value per rank in the api (the replayed steps show the newer attempt's),
+        # and in the database each attempt stored each of its steps once, the two together every step.
         series = stack.client.http.get(f"/api/v1/runs/{run['id']}/metrics", params={"key": "loss"}).json()
         for rank in ("0", "1"):
             assert series["ranks"][rank]["step"] == list(range(1, steps + 1))
+        rows = wait_for(
+            lambda: (
+                (got := metric_rows(stack.settings, run["id"]))
+                and not row_gaps(got, steps, ranks=2, keys={"loss", "step_time_s"})
+                and got
+            ),
+            15,
+            "every stored step of both attempts",
+        )
+        # attempt 2 stored the steps after its checkpoint: none when the orphans reached the last one
+        assert {attempt for attempt, *_ in rows} == ({1, 2} if resumed_step < steps else {1}), resumed_step
     finally:
         stack.stack.stop()
         redis.stop()

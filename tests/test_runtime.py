@@ -3,88 +3,19 @@ private redis-server."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import subprocess
-import sys
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
-from torchyard import streams
-from torchyard.procs import RedisServer
+from cli.redis_server import RedisServer
+from testkit.torchrun import BASE_KEYS, COMM_KEYS, losses, points, spec, torchrun
 
-ROOT = Path(__file__).resolve().parents[1]
-_run_ids = iter(range(100, 10_000))
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield srv
-    srv.stop()
-
-
-def torchrun(
-    server: RedisServer, spec: dict[str, Any], timeout: float = 60, env_extra: dict[str, str] | None = None
-) -> tuple[int, subprocess.CompletedProcess[str]]:
-    run_id = next(_run_ids)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")}
-    env.update(
-        TORCHYARD_SPEC=json.dumps(spec),
-        TORCHYARD_REDIS_URL=server.url,
-        TORCHYARD_RUN_ID=str(run_id),
-        TORCHYARD_ATTEMPT="1",
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
-        **(env_extra or {}),
-    )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node",
-           str(spec["resources"]["procs_per_node"]), "-m", "workers.runtime.train"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    return run_id, proc
-
-
-def points(server: RedisServer, run_id: int) -> list[tuple[int, int, dict[str, float]]]:
-    """(rank, step, values) of every metrics point, in stream order."""
-    client = redis.Redis.from_url(server.url)
-    try:
-        out = []
-        entries: Any = client.xrange(streams.run_stream(run_id))
-        for _id, fields in entries:
-            kind, data = streams.decode(fields)
-            assert kind == streams.METRICS and data["attempt"] == 1 and data["dropped"] == 0
-            out += [(data["rank"], step, values) for step, _ts, values in data["points"]]
-        return out
-    finally:
-        client.close()
-
-
-def spec(workload: dict[str, Any], steps: int, seed: int = 0, batch_size: int = 64) -> dict[str, Any]:
-    return {
-        "name": "test",
-        "workload": workload,
-        "strategy": {"kind": "ddp"},
-        "resources": {"procs_per_node": 2, "device": "cpu"},
-        "training": {"steps": steps, "batch_size": batch_size, "lr": 0.01, "seed": seed, "log_every": 1},
-    }
-
-
-def losses(pts: list[tuple[int, int, dict[str, float]]]) -> dict[tuple[int, int], float]:
-    return {(rank, step): values["loss"] for rank, step, values in pts}
-
+pytestmark = pytest.mark.dist
 
 MLP = {"name": "mlp", "params": {"samples": 4096}}
-BASE_KEYS = {"loss", "lr", "step_time_s", "samples_per_s", "data_time_s"}
-COMM_KEYS = {
-    "compute_time_s", "comm_time_s", "exposed_comm_s", "comm_fraction", "comm_bytes",
-    "algbw_GBps", "busbw_GBps", "busbw_efficiency", "max_rss_bytes",
-}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +30,7 @@ def test_mlp_logs_every_step_of_every_rank_once_and_learns(server: RedisServer, 
     pts = points(server, run_id)
     assert Counter((rank, step) for rank, step, _ in pts) == Counter({(r, s): 1 for r in (0, 1) for s in range(1, 31)})
     for _rank, _step, values in pts:
-        assert set(values) == BASE_KEYS | COMM_KEYS
+        assert set(values) == BASE_KEYS | COMM_KEYS | {"comm_bytes_all_reduce"}  # DDP's only kind
         assert values["lr"] == 0.01 and values["step_time_s"] > 0 and values["data_time_s"] >= 0
         assert values["samples_per_s"] == pytest.approx(32 / values["step_time_s"])
     by_step = losses(pts)
@@ -125,7 +56,7 @@ def test_failing_workload_exits_non_zero_with_its_error(server: RedisServer) -> 
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
     assert "RuntimeError: workload 'fail' raised at step 3" in output
-    assert "ChildFailedError" in output  # torchrun's summary, with the rank's traceback (@record)
+    assert "ChildFailedError" in output  # torchrun's summary, with the rank's traceback (its error file)
     # the steps before the failure were still delivered (the exit handler flushes)
     assert {(rank, step) for rank, step, _ in points(server, run_id)} == {(r, s) for r in (0, 1) for s in (1, 2)}
 

@@ -3,7 +3,6 @@ data layer on a migrated database, with no processes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -12,28 +11,27 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend import lifecycle, runs
-from backend.db import make_engine
-from backend.migrate import upgrade
+from backend.attempts import apply_report
 from backend.models import Attempt, Node, Run, utcnow
 from backend.scheduler import place_queued_runs
-from tests.conftest import run_spec
+from backend.schemas import NodeOut
+from testkit.stack import run_spec
 from torchyard.spec import RunSpec
 
 
-@pytest.fixture
-def session(tmp_path: Path) -> Iterator[Session]:
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    upgrade(url)
-    engine = make_engine(url)
-    with Session(engine) as s:
-        yield s
-    engine.dispose()
-
-
-def submit(session: Session, name: str, procs: int, priority: int = 0, age_s: int = 0, nodes: int = 1) -> Run:
+def submit(
+    session: Session,
+    name: str,
+    procs: int,
+    priority: int = 0,
+    age_s: int = 0,
+    nodes: int = 1,
+    device: str = "cpu",
+    allow_waiting: bool = False,
+) -> Run:
     spec = run_spec(name=name, procs=procs, batch_size=procs * nodes * 8)
-    spec["resources"].update(priority=priority, nodes=nodes)
-    run = runs.create_run(session, RunSpec.model_validate(spec), None)
+    spec["resources"].update(priority=priority, nodes=nodes, device=device)
+    run = runs.create_run(session, RunSpec.model_validate(spec), None, allow_waiting_for_nodes=allow_waiting)
     run.created_at = utcnow() - timedelta(seconds=age_s)
     return run
 
@@ -56,7 +54,7 @@ def test_higher_priority_then_older_runs_are_placed_first_on_the_best_fitting_no
 
 def test_a_run_that_fits_nowhere_waits_with_the_reason(session: Session) -> None:
     session.add(Node(id="n1", host="h", slots=2))
-    too_big = submit(session, "too-big", procs=4)
+    too_big = submit(session, "too-big", procs=4, allow_waiting=True)  # the cluster may grow
     fits = submit(session, "fits", procs=2)
     waits = submit(session, "waits", procs=2)
     session.flush()
@@ -92,7 +90,7 @@ def test_every_state_change_goes_through_the_table(session: Session) -> None:
 
 def test_a_node_the_database_knows_but_redis_never_heard_of_is_lost(session: Session, tmp_path: Path) -> None:
     from backend.nodes import sync_from_heartbeats
-    from torchyard.procs import RedisServer
+    from cli.redis_server import RedisServer
 
     session.add(Node(id="ghost", host="h", slots=4))
     session.flush()
@@ -107,12 +105,12 @@ def test_a_node_the_database_knows_but_redis_never_heard_of_is_lost(session: Ses
     assert session.get(Node, "ghost").status == "lost"  # type: ignore[union-attr]
 
 
-def test_a_placement_no_worker_claimed_is_sent_again_but_a_claimed_one_is_not(session: Session, tmp_path: Path) -> None:
+def test_a_share_no_worker_claimed_is_sent_again_but_a_claimed_one_is_not(session: Session, tmp_path: Path) -> None:
     import redis
 
-    from backend.scheduler import unclaimed_placements
+    from backend.scheduler import unclaimed_shares
+    from cli.redis_server import RedisServer
     from torchyard import streams
-    from torchyard.procs import RedisServer
 
     session.add(Node(id="n1", host="h", slots=4))
     lost, claimed = submit(session, "lost", procs=1), submit(session, "claimed", procs=1)
@@ -124,8 +122,8 @@ def test_a_placement_no_worker_claimed_is_sent_again_but_a_claimed_one_is_not(se
     try:
         client = redis.Redis.from_url(server.url)
         client.set(streams.attempt_claim_key(claimed.id, 1, 0), "n1")
-        assert unclaimed_placements(session, client, older_than_s=120) == []  # not stale yet
-        again = unclaimed_placements(session, client, older_than_s=30)
+        assert unclaimed_shares(session, client, older_than_s=120) == []  # not stale yet
+        again = unclaimed_shares(session, client, older_than_s=30)
     finally:
         server.stop()
     assert [(p.run_id, p.attempt, p.node_id) for p in again] == [(lost.id, 1, "n1")]
@@ -157,9 +155,12 @@ def allocations_of(session: Session, run: Run) -> list[tuple[str, int]]:
 
 
 def report_exit(session: Session, run: Run, node: str, status: str) -> None:
-    from backend.ingest import apply_report
-
     apply_report(session, run.id, {"attempt": len(run.attempts), "node": node, "event": "exited", "status": status})
+    session.flush()
+
+
+def report_started(session: Session, run: Run, node: str) -> None:
+    apply_report(session, run.id, {"attempt": len(run.attempts), "node": node, "event": "started"})
     session.flush()
 
 
@@ -196,7 +197,9 @@ def test_the_first_node_of_a_gang_to_fail_ends_the_attempt_and_the_rest_only_fre
     run = submit(session, "gang", procs=2, nodes=2)
     session.flush()
     place_queued_runs(session)
-    lifecycle.transition(session, run, lifecycle.RUNNING)
+    for node in ("a", "b"):
+        report_started(session, run, node)
+    assert run.status == lifecycle.RUNNING
 
     report_exit(session, run, "a", lifecycle.FAILED)
 
@@ -240,3 +243,158 @@ def test_a_higher_priority_gang_goes_before_older_small_runs(session: Session) -
     session.flush()
     assert {p.run_id for p in place_queued_runs(session)} == {urgent.id}
     assert old.status == lifecycle.QUEUED
+
+
+def gpu_node(node_id: str, count: int, slots: int = 2) -> Node:
+    gpus = [{"index": i, "name": "NVIDIA H200", "memory_bytes": 141 << 30} for i in range(count)]
+    return Node(id=node_id, host=f"h-{node_id}", slots=slots, devices="cpu,cuda", gpus=gpus)
+
+
+def held_gpus(run: Run) -> list[int]:
+    (share,) = run.attempts[-1].allocations
+    return list(share.gpus)
+
+
+def test_cuda_runs_get_gpus_of_their_own_count_no_cpu_slots_and_a_waiting_one_gets_those_freed(
+    session: Session,
+) -> None:
+    session.add(gpu_node("g", 4, slots=2))
+    first, second = (
+        submit(session, "first", 2, age_s=30, device="cuda"),
+        submit(session, "second", 2, age_s=20, device="cuda"),
+    )
+    cpu = submit(session, "cpu", 2, age_s=10)  # CPU slots are apart: a CUDA run takes none
+    session.flush()
+
+    placed = place_queued_runs(session)
+
+    assert [(p.run_id, p.gpus) for p in placed] == [(first.id, (0, 1)), (second.id, (2, 3)), (cpu.id, ())]
+    assert [list(a.slots for a in r.attempts[0].allocations) for r in (first, second, cpu)] == [[0], [0], [2]]
+    assert "GPUs 0,1" in first.status_reason
+    third = submit(session, "third", 2, device="cuda")
+    session.flush()
+    assert place_queued_runs(session) == []
+    assert third.status == lifecycle.QUEUED
+    assert "needs 2 GPUs on one node free at once; 0 node(s) have them free now" in third.status_reason
+    described = {n.id: n for n in nodes_described(session)}["g"]
+    assert [g.run_id for g in described.gpus] == [first.id, first.id, second.id, second.id]
+    assert described.free_gpus == 0 and described.free_slots == 0
+
+    lifecycle.transition(session, second, lifecycle.RUNNING)
+    report_exit(session, second, "g", lifecycle.SUCCEEDED)
+    (again,) = place_queued_runs(session)
+    assert (again.run_id, again.gpus) == (third.id, (2, 3)), "the freed GPUs, not the ones first still holds"
+
+
+def nodes_described(session: Session) -> list[NodeOut]:
+    from backend.nodes import describe
+
+    return describe(session)
+
+
+def test_a_cuda_gang_gets_gpus_on_every_node_and_a_node_without_enough_free_gpus_is_skipped(session: Session) -> None:
+    session.add_all([gpu_node("a", 2), gpu_node("b", 4), gpu_node("c", 4)])
+    busy = submit(session, "busy", 3, age_s=10, device="cuda")
+    gang = submit(session, "gang", 2, nodes=2, device="cuda")
+    session.flush()
+
+    placed = place_queued_runs(session)
+
+    assert (placed[0].run_id, placed[0].node_id, placed[0].gpus) == (busy.id, "b", (0, 1, 2))
+    # b has one GPU left: the gang takes the tightest nodes that fit, a (2) and c (4).
+    assert sorted((p.node_id, p.gpus) for p in placed[1:]) == [("a", (0, 1)), ("c", (0, 1))]
+    assert all(p.nnodes == 2 for p in placed[1:]) and gang.status == lifecycle.SCHEDULED
+
+
+@pytest.mark.parametrize("ending", ["succeeded", "failed", "cancelled", "worker restarted", "stalled", "node lost"])
+def test_gpus_are_given_back_however_the_run_ends(session: Session, ending: str) -> None:
+    from backend import attempts
+    from backend.scheduler import fail_runs_on_lost_nodes
+
+    node = gpu_node("g", 2)
+    session.add(node)
+    run = submit(session, "r", 2, device="cuda")
+    session.flush()
+    place_queued_runs(session)
+    report_started(session, run, "g")
+    waiting = submit(session, "next", 2, device="cuda")
+    session.flush()
+    assert place_queued_runs(session) == []
+
+    if ending == "cancelled":
+        runs.request_cancel(session, run, "test")
+        report_exit(session, run, "g", lifecycle.CANCELLED)
+    elif ending == "worker restarted":  # what end_orphans reports for a killed worker's attempt
+        apply_report(
+            session, run.id, {"attempt": 1, "node": "g", "event": "exited", "status": "failed", "retryable": True}
+        )
+    elif ending == "stalled":  # the watchdog ends the attempt; its worker's exit report comes later
+        attempts.end_attempt(session, run.attempts[0], lifecycle.FAILED)
+        attempts.fail_or_restart(session, run, "stalled")
+        assert place_queued_runs(session) == []  # the ranks are still being ended
+        report_exit(session, run, "g", lifecycle.FAILED)
+    elif ending == "node lost":
+        node.status = "lost"
+        fail_runs_on_lost_nodes(session, [node], timeout_s=15)
+        node.status = "alive"
+    else:
+        report_exit(session, run, "g", ending)
+    session.flush()
+
+    # Free again: the next run takes them (a run restarting after its node failed it goes first: it is older).
+    taker = run if run.status == lifecycle.RESTARTING else waiting
+    assert [(p.run_id, p.gpus) for p in place_queued_runs(session)] == [(taker.id, (0, 1))]
+
+
+@pytest.mark.parametrize(
+    ("resources", "field", "words"),
+    [
+        ({"procs_per_node": 16}, "procs_per_node", "resources.procs_per_node (16): the largest node, big, has 4 slots"),
+        (
+            {"procs_per_node": 4, "nodes": 2},
+            "nodes",
+            "resources.nodes (2) × procs_per_node (4): only 1 node(s) have 4 slots: big",
+        ),
+        (
+            {"procs_per_node": 3, "device": "cuda"},
+            "procs_per_node",
+            "resources.procs_per_node (3) (one process per GPU): the largest node, g, has 2 GPUs",
+        ),
+        (
+            {"procs_per_node": 2, "nodes": 2, "device": "cuda"},
+            "nodes",
+            "resources.nodes (2) × procs_per_node (2): only 1 node(s) have 2 GPUs: g",
+        ),
+    ],
+)
+def test_a_size_no_registered_node_can_hold_is_refused_naming_the_field_and_the_largest_node_unless_nodes_may_join(
+    session: Session, resources: dict, field: str, words: str
+) -> None:
+    from backend.errors import InvalidRequest
+
+    session.add_all([Node(id="big", host="h1", slots=4), Node(id="small", host="h2", slots=2), gpu_node("g", 2)])
+    session.flush()
+    spec = run_spec(name="huge", procs=1, batch_size=96)
+    spec["resources"].update(resources)
+    with pytest.raises(InvalidRequest) as refused:
+        runs.create_run(session, RunSpec.model_validate(spec), None)
+    assert refused.value.loc == ["body", "resources", field] and words in refused.value.msg
+
+    run = runs.create_run(session, RunSpec.model_validate(spec), None, allow_waiting_for_nodes=True)
+    assert run.warnings == [f"{refused.value.msg}; it waits for such nodes to join (TORCHYARD_ALLOW_WAITING_FOR_NODES)"]
+    assert run.status == lifecycle.QUEUED and run.status_reason == f"waiting: {run.warnings[0]}"
+    assert "warning: " + words in runs.list_events(session, run.id)[0].reason
+
+
+def test_with_no_node_registered_a_run_is_accepted_and_says_it_waits_for_one(session: Session) -> None:
+    run = submit(session, "first", 64, device="cuda")
+    assert run.status == lifecycle.QUEUED
+    assert run.warnings == ["no worker node has registered yet: the run starts when one does (`torchyard worker`)"]
+    assert (
+        run.status_reason
+        == "waiting: no worker node has registered yet: the run starts when one does (`torchyard worker`)"
+    )
+    session.add(Node(id="gone", host="h", slots=2, status="lost"))  # a lost node counts: it may come back
+    session.flush()
+    later = submit(session, "later", 2)
+    assert later.warnings == [] and later.status_reason == "waiting: no worker node is alive"

@@ -20,8 +20,10 @@ import redis
 import torch
 
 import torchyard
+from cli.redis_server import RedisServer
+from cli.wait import wait_for
 from torchyard import sdk, streams
-from torchyard.procs import RedisServer, free_port, wait_for
+from torchyard.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +39,7 @@ def metrics_entries(url: str, run_id: int) -> list[dict[str, Any]]:
     client = redis.Redis.from_url(url)
     try:
         out = []
-        entries: Any = client.xrange(streams.run_stream(run_id))
+        entries: Any = client.xrange(streams.rank_stream(run_id))
         for _id, fields in entries:
             kind, data = streams.decode(fields)
             assert kind == streams.METRICS
@@ -53,7 +55,7 @@ def point_counts(entries: list[dict[str, Any]]) -> Counter[tuple[int, int]]:
 
 def rank_env(url: str, run_id: int, rank: int, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")}
-    env.update(TORCHYARD_REDIS_URL=url, TORCHYARD_RUN_ID=str(run_id), TORCHYARD_ATTEMPT="3", RANK=str(rank))
+    env.update(TORCHYARD_RANK_REDIS_URL=url, TORCHYARD_RUN_ID=str(run_id), TORCHYARD_ATTEMPT="3", RANK=str(rank))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update(extra)
     return env
@@ -130,6 +132,63 @@ def test_redis_restart_mid_run_loses_nothing(server: RedisServer) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_point_after_a_quiet_spell_is_written_at_once(server: RedisServer) -> None:
+    """Nagle-like: an idle writer writes the next point within a round trip, not after a period."""
+    writer = sdk._Writer(server.url, 15, attempt=1, rank=0)
+    client = redis.Redis.from_url(server.url)
+    last = "0-0"
+    delays = []
+    for step in range(1, 11):
+        time.sleep(0.1)  # the quiet spell: the writer has written everything and waits
+        logged = time.monotonic()
+        writer.append(step, {"loss": 1.0})
+        got: Any = client.xread({streams.rank_stream(15): last}, block=5000)
+        delays.append(time.monotonic() - logged)
+        last = got[0][1][-1][0]
+    client.close()
+    delays.sort()
+    # The old fixed 0.2 s period gave a median near 0.1 s; a round trip here is ~1 ms.
+    assert delays[5] < 0.06, delays
+
+
+@pytest.mark.timeout(60)
+def test_a_hung_redis_never_stalls_the_training_thread(server: RedisServer) -> None:
+    """log() and log_timeline() only queue: with Redis stopped (SIGSTOP: connections hang, no
+    error) neither call waits, and everything arrives once Redis runs again."""
+    import signal
+
+    writer = sdk._Writer(server.url, 16, attempt=1, rank=0)
+    writer.append(1, {"loss": 1.0})
+    assert writer.flush(10)
+    assert server.proc is not None
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        slowest = 0.0
+        for step in range(2, 2002):
+            t0 = time.perf_counter()
+            writer.append(step, {"loss": float(step)})
+            if step % 500 == 0:
+                writer.send_timeline(step, {"lanes": []})
+            slowest = max(slowest, time.perf_counter() - t0)
+        assert slowest < 0.05, f"a call waited {slowest:.3f} s on a hung Redis"
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    assert writer.flush(30)
+    counts = point_counts([e for e in all_entries(server.url, 16) if "points" in e])
+    assert set(counts) == {(0, s) for s in range(1, 2002)} and max(counts.values()) == 1
+    assert [e["step"] for e in all_entries(server.url, 16) if "timeline" in e] == [500, 1000, 1500, 2000]
+
+
+def all_entries(url: str, run_id: int) -> list[dict[str, Any]]:
+    client = redis.Redis.from_url(url)
+    try:
+        entries: Any = client.xrange(streams.rank_stream(run_id))
+        return [streams.decode(fields)[1] for _id, fields in entries]
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
 def test_full_buffer_drops_oldest_and_counts_them(tmp_path: Path) -> None:
     port = free_port()
     srv = RedisServer(tmp_path / "redis", port=port)  # not started yet: the rank logs into the void
@@ -201,7 +260,7 @@ def test_non_numbers_raise_type_error() -> None:
 
 
 def test_without_configuration_log_is_a_cheap_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TORCHYARD_REDIS_URL", raising=False)
+    monkeypatch.delenv("TORCHYARD_RANK_REDIS_URL", raising=False)
     monkeypatch.delenv("TORCHYARD_RUN_ID", raising=False)
     monkeypatch.setattr(sdk, "_writer", None)
     with warnings.catch_warnings(record=True) as caught:
@@ -210,7 +269,19 @@ def test_without_configuration_log_is_a_cheap_no_op(monkeypatch: pytest.MonkeyPa
         for step in range(10_000):
             torchyard.log(step, loss=0.5)
         elapsed = time.perf_counter() - started
-    assert len(caught) == 1 and "TORCHYARD_REDIS_URL" in str(caught[0].message)
+    assert len(caught) == 1 and "TORCHYARD_RANK_REDIS_URL" in str(caught[0].message)
     assert isinstance(sdk._writer, sdk._Disabled)
     assert torchyard.flush(1)
     assert elapsed < 1.0  # ~µs per call; generous for a loaded machine
+
+
+def test_a_batch_encoded_by_chunks_is_the_entry_encode_makes() -> None:
+    points = [(step, 1.7e9 + step, {"loss": 1.0 / step, "nan": float("nan")}) for step in range(1, 301)]
+    header = {"attempt": 2, "rank": 1, "dropped": 7}
+    pauses = []
+    chunked = streams.encode_metrics(header, points, pause=lambda: pauses.append(1), chunk=128)
+    kind, data = streams.decode(chunked)
+    assert kind == streams.METRICS and len(pauses) == 3  # 128 + 128 + 44 points, a pause after each
+    _, whole = streams.decode(streams.encode(streams.METRICS, {**header, "points": points}))
+    assert repr(data) == repr(whole)  # NaN != NaN: compare the decoded values' spelling
+    assert streams.decode(streams.encode_metrics(header, [], pause=lambda: None))[1]["points"] == []

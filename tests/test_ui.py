@@ -5,79 +5,26 @@ Screenshots of every page go to test-output/screenshots/."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from collections.abc import Iterator
 from itertools import pairwise
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import RunningStack, sqlite_stack
-from torchyard.procs import wait_for
+from cli.main import submit
+from cli.wait import wait_for
+from testkit.browser import browser_marks, set_field, shot
+from testkit.stack import RunningStack, sqlite_stack
+from workers.runtime.comm import union_length
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 Page = playwright_sync.Page
 expect = playwright_sync.expect
 
-CHROMIUM = Path("/usr/bin/chromium")
-ROOT = Path(__file__).resolve().parent.parent
-DIST = ROOT / "frontend" / "dist" / "index.html"
-SHOTS = ROOT / "test-output" / "screenshots"
-
-MISSING = [
-    why
-    for missing, why in (
-        (not CHROMIUM.exists(), "apt-get install chromium chromium-driver"),
-        (not DIST.exists(), "build the front end: cd frontend && npm ci && npm run build"),
-    )
-    if missing
-]
-if MISSING and os.environ.get("CI"):  # in CI a skipped browser test would hide a broken setup
-    raise RuntimeError(f"the dashboard's browser tests need: {'; '.join(MISSING)}")
-pytestmark = pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING))
-
-
-@pytest.fixture(scope="module")
-def ui_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    with sqlite_stack(tmp_path_factory.mktemp("ui-stack")) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with playwright_sync.sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
-        )
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser: Any, ui_stack: RunningStack) -> Iterator[Page]:
-    """A logged-in page (through the link `torchyard up` prints), its console errors checked."""
-    context = browser.new_context(viewport={"width": 1440, "height": 1000}, base_url=ui_stack.url)
-    context.set_default_timeout(30_000)
-    pg = context.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda exc: errors.append(str(exc)))
-    pg.goto(f"/#/login?token={ui_stack.token}")
-    expect(pg.get_by_test_id("runs-table").or_(pg.get_by_text("No runs yet"))).to_be_visible()
-    yield pg
-    context.close()
-    assert not errors, f"uncaught errors in the page: {errors}"
-
-
-@pytest.fixture(scope="module")
-def shared_runs() -> dict[str, int]:
-    """Runs one test made and another reuses (a run costs seconds of process start-up)."""
-    return {}
+pytestmark = browser_marks()
 
 
 def long_run(ui_stack: RunningStack, shared_runs: dict[str, int]) -> int:
@@ -97,19 +44,6 @@ LIVE_LOSS = """() => {
   const i = s.x.findIndex((x) => x > s.historyUntil);
   return i < 0 ? { x: [], n: [] } : { x: s.x.slice(i), n: s.n.slice(i) };
 }"""
-
-
-def shot(pg: Page, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    pg.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
-
-
-def set_field(pg: Page, name: str, value: str) -> None:
-    field = pg.locator(f'[name="{name}"]')
-    if field.evaluate("el => el.tagName") == "SELECT":
-        field.select_option(value)
-    else:
-        field.fill(value)
 
 
 @pytest.mark.timeout(60)
@@ -140,21 +74,27 @@ def test_login_through_the_printed_link_sets_an_httponly_cookie_and_logout_clear
 @pytest.mark.timeout(150)
 def test_a_run_submitted_from_the_form_is_watched_live_to_success(page: Page) -> None:
     page.goto("/#/new")
-    set_field(page, "name", "ui-live")
+    # The name may stay empty (the server names the run), processes start at the CLI's default.
+    (cli_procs,) = [p.default for p in submit.params if p.name == "procs"]
+    expect(page.locator('[name="resources.procs_per_node"]')).to_have_value(str(cli_procs))
+    expect(page.locator('[name="name"]')).to_have_attribute("placeholder", "mlp-ddp")
     set_field(page, "workload.params.hidden", "32")
     set_field(page, "training.steps", "1500")
     set_field(page, "training.batch_size", "32")
-    set_field(page, "resources.procs_per_node", "2")
     shot(page, "new-run")
     page.get_by_test_id("submit-run").click()
     page.wait_for_url(re.compile(r"#/runs/\d+$"))
+    run_id = int(page.url.rsplit("/", 1)[1])
+    expect(page.get_by_role("heading", level=1)).to_contain_text("mlp-ddp")
     status = page.get_by_test_id("run-detail").get_by_test_id("status").first
 
     expect(status).to_have_text("running", timeout=60_000)
-    # While it runs, the loss chart gains points from the live stream.
+    # While it runs, the loss chart gains points from the live stream, and ingest says how far
+    # behind the ranks storage is.
     points = page.get_by_test_id("loss-points")
     page.wait_for_function(
         "() => +document.querySelector('[data-testid=loss-points]').dataset.points > 20"
+        " && /stored .* behind/.test(document.querySelector('[data-testid=ingest-lag]')?.textContent ?? '')"
         " && document.querySelector('[data-testid=run-detail] [data-testid=status]').textContent === 'running'",
         timeout=60_000,
     )
@@ -164,11 +104,12 @@ def test_a_run_submitted_from_the_form_is_watched_live_to_success(page: Page) ->
     expect(points).to_have_text("final")
     expect(page.get_by_test_id("rank-table").locator("tbody tr")).to_have_count(2)
     expect(page.get_by_test_id("events")).to_contain_text("succeeded")
-    expect(page.get_by_test_id("spec-json")).to_contain_text('"ui-live"')
+    expect(page.get_by_test_id("spec-json")).to_contain_text('"name": "mlp-ddp"')
+    expect(page.get_by_test_id("spec-json")).to_contain_text(f'"procs_per_node": {cli_procs}')
     shot(page, "run-detail")
 
     page.goto("/#/runs")
-    expect(page.get_by_test_id("runs-table")).to_contain_text("ui-live")
+    expect(page.get_by_test_id(f"run-row-{run_id}")).to_contain_text("mlp-ddp")
     shot(page, "runs")
 
 
@@ -210,13 +151,74 @@ def test_a_bad_form_value_shows_the_servers_message_next_to_the_field(page: Page
     set_field(page, "resources.procs_per_node", "2")
     page.get_by_test_id("submit-run").click()
     expect(page.get_by_test_id("error-training.batch_size")).to_contain_text("divisible")
-    # ... and the server what only it knows: no node here has a GPU.
+    # ... and the server what only it knows: no node here has a GPU (an advanced field: shown with its error).
     set_field(page, "training.batch_size", "64")
+    page.get_by_test_id("advanced").locator("summary").click()
     set_field(page, "resources.device", "cuda")
+    page.get_by_test_id("advanced").locator("summary").click()  # folded again: the error opens it
     page.get_by_test_id("submit-run").click()
     expect(page.get_by_test_id("error-resources.device")).to_contain_text("no node in the cluster has device 'cuda'")
     assert re.search(r"#/new$", page.url)
     shot(page, "new-run-error")
+
+
+@pytest.mark.timeout(60)
+def test_the_new_run_form_asks_first_for_what_people_set_first_with_labels_and_real_controls(page: Page) -> None:
+    page.goto("/#/new")
+    form = page.get_by_test_id("new-run-form")
+    main = form.locator("> .section, > .main-grid").locator(".field > span:first-child")
+    labels = [t.strip() for t in main.all_inner_texts()]
+    order = [
+        "Workload",
+        "Steps",
+        "Processes per node",
+        "Nodes",
+        "Strategy",
+        "Batch size (global)",
+        "Learning rate",
+        "Name",
+    ]
+    assert [label for label in labels if label in order] == order, labels
+    # the rest waits, folded, under Advanced, with words and units for labels and real controls
+    advanced = page.get_by_test_id("advanced")
+    expect(advanced).not_to_have_attribute("open", "")
+    advanced.locator("summary").click()
+    for label in ("Cancel grace (s)", "Stall timeout (s)", "Checkpoint every (steps)", "Random seed"):
+        expect(advanced.get_by_text(label, exact=True)).to_be_visible()
+    expect(advanced.get_by_text("Cancel Grace S")).to_have_count(0)
+    expect(page.locator('[name="training.checkpoint_on_cancel"]')).to_have_attribute("type", "checkbox")
+    expect(page.locator('[data-field="training.lr"]')).to_contain_text("Learning rate")
+    shot(page, "new-run-form")
+
+    # every strategy of the spec is offered, with its own fields: the 2-D mesh's TP degree among them
+    options = page.locator('[name="strategy.kind"] option').all_inner_texts()
+    assert {"ddp", "fsdp", "pipeline", "tp", "fsdp_tp"} <= {o.strip() for o in options}, options
+    set_field(page, "strategy.kind", "fsdp_tp")
+    expect(page.locator('[data-field="strategy.tp_degree"]')).to_contain_text("TP degree")
+    expect(page.locator('[name="strategy.tp_degree"]')).to_have_value("2")
+    expect(page.locator('[name="strategy.sequence_parallel"]')).to_have_attribute("type", "checkbox")
+    set_field(page, "strategy.kind", "ddp")
+
+    # A script: no strategy, batch or learning rate (its own loop decides them); its arguments a list.
+    set_field(page, "workload.name", "script")
+    expect(page.get_by_test_id("group-strategy")).to_have_count(0)
+    expect(page.locator('[name="training.batch_size"]')).to_have_count(0)
+    expect(page.locator('[name="training.lr"]')).to_have_count(0)
+    set_field(page, "workload.bundle", "0" * 64)
+    set_field(page, "workload.entry", "train.py")
+    page.get_by_test_id("add-workload.args").click()
+    page.get_by_test_id("add-workload.args").click()
+    set_field(page, "workload.args.0", "--epochs")
+    set_field(page, "workload.args.1", "3")
+    expect(page.locator('[name="name"]')).to_have_attribute("placeholder", "train.py")
+    shot(page, "new-run-script")
+    with page.expect_request(lambda r: r.url.endswith("/api/v1/runs") and r.method == "POST") as sent:
+        page.get_by_test_id("submit-run").click()
+    body = sent.value.post_data_json
+    assert body["workload"]["args"] == ["--epochs", "3"], body
+    assert "strategy" not in body and "name" not in body and "batch_size" not in body["training"], body
+    # no such bundle here: the server's word, next to the field
+    expect(page.get_by_test_id("error-workload.bundle")).to_be_visible()
 
 
 @pytest.mark.timeout(60)
@@ -336,6 +338,17 @@ def test_x_axis_switches_between_step_and_wall_time(
     expect(chart).to_have_attribute("data-x", "step")
     page.wait_for_function(f"() => ({read_chart})()?.mode === 'step' && ({read_chart})().ticks.length > 1")
     assert page.evaluate(read_chart)["ticks"] == steps["ticks"]
+
+
+def test_a_finished_runs_scaling_card_projects_it_to_more_ranks(
+    page: Page, ui_stack: RunningStack, shared_runs: dict[str, int]
+) -> None:
+    page.goto(f"/#/runs/{long_run(ui_stack, shared_runs)}")
+    table = page.get_by_test_id("scaling-table")
+    expect(table.locator("tr[data-ranks='2']")).to_contain_text("measured")
+    expect(table.locator("tr[data-ranks='64']")).to_contain_text("%")  # its scaling efficiency
+    expect(page.get_by_test_id("scaling-assumptions")).to_contain_text("weak scaling")
+    shot(page, "run-detail-scaling")
 
 
 @pytest.mark.timeout(150)
@@ -465,6 +478,10 @@ def test_a_sampled_step_is_served_and_drawn_as_every_ranks_timeline_next_to_the_
         assert all(start >= 0 and start + dur <= timeline["duration_us"] + 1 for start, dur, _ in spans)
         figures = timeline["figures"]
         assert 0 < figures["prof_exposed_comm_s"] <= figures["prof_comm_time_s"] <= timeline["duration_us"] / 1e6
+        # the compute lanes draw what the overlap figures count as compute (their union, to µs rounding)
+        drawn = [(s[0], s[0] + s[1]) for lane in timeline["lanes"] if lane["kind"] == "compute" for s in lane["spans"]]
+        if not any(lane["dropped"] for lane in timeline["lanes"]):
+            assert union_length(drawn) / 1e6 == pytest.approx(figures["prof_compute_time_s"], abs=2e-6 * len(drawn))
         # the trace's figures are metrics too, at the sampled steps only
         assert always_on["prof_comm_time_s"][rank]["step"] == [10, 20]
         # independent measures of one step's communication: the trace's Gloo spans, the hooks' futures
@@ -489,3 +506,57 @@ def test_a_sampled_step_is_served_and_drawn_as_every_ranks_timeline_next_to_the_
     expect(saved.get_by_role("link", name="Download")).to_have_attribute(
         "href", f"/api/v1/runs/{run['id']}/checkpoints/10/download"
     )
+
+
+@pytest.fixture(scope="module")
+def gpu_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    """A node told it has four GPUs (trusted; its ranks never touch CUDA), in a cluster that may grow."""
+    with sqlite_stack(tmp_path_factory.mktemp("ui-gpus"), node_gpus="0,1,2,3", allow_waiting_for_nodes=True) as s:
+        yield s
+
+
+def test_the_cluster_page_shows_each_gpu_and_its_run_and_a_run_page_its_submit_warning(
+    browser: Any, gpu_stack: RunningStack
+) -> None:
+    http = gpu_stack.client.http
+    bundle = gpu_stack.client.upload({"hold.py": "import time\ntime.sleep(600)\n"})
+
+    def cuda_run(name: str, procs: int) -> dict[str, Any]:
+        resources = {"nodes": 1, "procs_per_node": procs, "device": "cuda"}
+        spec = {
+            "name": name,
+            "workload": {"kind": "script", "bundle": bundle, "entry": "hold.py"},
+            "resources": resources,
+        }
+        response = http.post("/api/v1/runs", json=spec)
+        assert response.status_code == 201, response.text
+        return dict(response.json())
+
+    holder = cuda_run("holds-two-gpus", 2)
+    gpu_stack.client.wait_status(holder["id"], {"running"})
+    waiting = cuda_run("wants-eight-gpus", 8)
+    assert "the largest node" in waiting["warnings"][0]
+
+    context = browser.new_context(viewport={"width": 1440, "height": 900}, base_url=gpu_stack.url)
+    context.set_default_timeout(30_000)
+    pg = context.new_page()
+    try:
+        pg.goto(f"/#/login?token={gpu_stack.token}")
+        expect(pg.get_by_test_id("runs-table")).to_be_visible()
+        pg.goto("/#/cluster")
+        gpus = pg.get_by_test_id("gpus")
+        expect(gpus).to_contain_text("2 / 4 used (2 free)")
+        held = gpus.locator(".gpu-chip:not(.gpu-free)")
+        expect(held).to_have_count(2)
+        expect(held.first.get_by_role("link")).to_have_attribute("href", f"#/runs/{holder['id']}")
+        expect(gpus.locator(".gpu-free")).to_have_count(2)
+        shot(pg, "cluster-gpus")
+        pg.goto(f"/#/runs/{waiting['id']}")
+        expect(pg.get_by_test_id("run-warning")).to_contain_text(
+            f"the largest node, {gpu_stack.settings.node_id}, has 4 GPUs"
+        )
+        shot(pg, "run-submit-warning")
+    finally:
+        context.close()
+        for run in (holder, waiting):
+            http.post(f"/api/v1/runs/{run['id']}/cancel")

@@ -2,14 +2,19 @@
 
 ``log`` appends to an in-memory bounded buffer and returns; it never touches Redis, never blocks
 on it and never raises because of it. A daemon thread (started lazily, in the process that logs)
-writes the buffer to the run's stream in batches: one XADD of a ``metrics`` entry (see
-:mod:`torchyard.streams`) every ~0.2 s, or sooner when many points wait. When Redis is down the
+writes the buffer to the run's stream in batches, each one XADD of a ``metrics`` entry (see
+:mod:`torchyard.streams`), the way Nagle's algorithm batches a socket: the first point after a
+quiet spell goes at once (live charts see it within a round trip); points that arrive while a
+write is in flight go together in the next one, at most one write per ``BATCH_WINDOW_S`` unless
+``WAKE_AT_POINTS`` wait. Sampled steps' timelines and the attempt's facts go through the same thread
+(a bounded queue), so no call here ever waits on Redis. When Redis is down the
 batch is kept and retried with backoff; only when the buffer is full are the OLDEST points dropped,
 and the running count goes out in the ``dropped`` field of the next batch. At exit the process
 waits (bounded) until everything it logged is written.
 
 Configuration comes from the environment the launcher sets:
-``TORCHYARD_REDIS_URL``, ``TORCHYARD_RUN_ID``, ``TORCHYARD_ATTEMPT`` (default 1), ``RANK`` (default 0),
+``TORCHYARD_RANK_REDIS_URL`` (the attempt's own Redis user: it may only XADD to the run's rank
+stream ``ty:run:<id>:in``), ``TORCHYARD_RUN_ID``, ``TORCHYARD_ATTEMPT`` (default 1), ``RANK`` (default 0),
 ``TORCHYARD_SDK_BUFFER`` (points, default 1,000,000), ``TORCHYARD_SDK_EXIT_FLUSH_S`` (default 30).
 Without the first two, ``log`` is a cheap no-op (with one warning).
 """
@@ -29,12 +34,14 @@ from typing import Any
 
 from torchyard import streams
 
-__all__ = ["flush", "log", "log_floats", "log_timeline"]
+__all__ = ["flush", "log", "log_facts", "log_floats", "log_timeline"]
 
 _log = logging.getLogger("torchyard.sdk")
 
-FLUSH_INTERVAL_S = 0.2
-WAKE_AT_POINTS = 2000  # wake the writer early when this many points wait
+BATCH_WINDOW_S = 0.02  # under steady logging, at most one write per this (a write costs ~0.2 ms of CPU)
+IDLE_WAIT_S = 1.0  # an idle writer is woken by the next point; this is only its safety net
+WAKE_AT_POINTS = 2000  # write before the window ends when this many points wait
+ENTRY_QUEUE = 8  # timelines (and facts) waiting to be written; more: the oldest is dropped
 MAX_BATCH_POINTS = 5000  # points per XADD
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.05, 2.0
 
@@ -52,13 +59,17 @@ def _scalar(key: str, value: Any) -> float:
         raise TypeError(f"torchyard.log: {key}={value!r} is not a number ({exc})") from None
 
 
+def _yield_gil() -> None:
+    time.sleep(0)  # releases the GIL: a thread waiting in log() takes it now, not after the 5 ms switch interval
+
+
 class _Writer:
     """One per process: the buffer and the thread that drains it into one run's stream."""
 
     def __init__(self, url: str, run_id: int, attempt: int = 1, rank: int = 0, capacity: int = 1_000_000) -> None:
         if capacity < 1:
             raise ValueError(f"buffer capacity must be >= 1, not {capacity}")
-        self.url, self.stream, self.attempt, self.rank = url, streams.run_stream(run_id), attempt, rank
+        self.url, self.stream, self.attempt, self.rank = url, streams.rank_stream(run_id), attempt, rank
         self.capacity = capacity
         self.pid = os.getpid()
         self._buf: deque[Point] = deque()
@@ -67,6 +78,11 @@ class _Writer:
         self._mutex = threading.Lock()
         self._cond = threading.Condition(self._mutex)  # append() takes the mutex itself: one frame less
         self._wake = threading.Event()
+        self._idle = False  # the writer waits with nothing to send: the next point wakes it
+        self._entries: deque[tuple[str, dict[str, Any]]] = deque()  # (type, data): profiles, facts
+        self._encoded: tuple[int, int, int, dict[Any, Any]] | None = (
+            None  # (head, dropped, end, fields) of the batch in flight
+        )
         self._thread: threading.Thread | None = None
         self._client = self._connect()  # here, in the caller's thread: imports can fail at exit
         self._failing = False
@@ -88,9 +104,10 @@ class _Writer:
                     )
             self._buf.append(point)
             waiting = len(self._buf)
+            idle, self._idle = self._idle, False
         if self._thread is None:
             self._start()
-        if waiting >= WAKE_AT_POINTS and not self._wake.is_set():
+        if (idle or waiting >= WAKE_AT_POINTS) and not self._wake.is_set():
             self._wake.set()
 
     def flush(self, timeout: float = 30.0) -> bool:
@@ -99,13 +116,13 @@ class _Writer:
         deadline = time.monotonic() + timeout
         with self._cond:
             target = self._head + len(self._buf)
-            if self._head >= target:
+            if self._head >= target and not self._entries:
                 return True
         if self._thread is None:
             self._start()
         self._wake.set()
         with self._cond:
-            while self._head < target:
+            while self._head < target or self._entries:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -128,16 +145,24 @@ class _Writer:
 
     # -- the writer thread ---------------------------------------------------------------------
     def _run(self) -> None:
-        backoff = 0.0
+        backoff, last_write = 0.0, 0.0
         while True:
             if backoff:
                 time.sleep(backoff)
             else:
-                self._wake.wait(FLUSH_INTERVAL_S)
+                with self._cond:
+                    self._idle = not self._buf and not self._entries
+                    idle = self._idle
+                if idle:
+                    self._wake.wait(IDLE_WAIT_S)
+                else:  # points came while the last write was in flight: let the batch fill a moment
+                    self._wake.wait(max(0.0, last_write + BATCH_WINDOW_S - time.monotonic()))
             self._wake.clear()
             try:
+                self._send_entries()
                 while self._send_batch():
                     pass
+                last_write = time.monotonic()
             except Exception as exc:  # redis errors, OSError, anything: keep the points, retry
                 self.failures += 1
                 backoff = min(BACKOFF_MAX_S, backoff * 2 if backoff else BACKOFF_MIN_S)
@@ -156,11 +181,17 @@ class _Writer:
             if not self._buf:
                 return False
             start = self._head
-            points = list(itertools.islice(self._buf, MAX_BATCH_POINTS))
             dropped = self._dropped
-        end = start + len(points)
-        entry = {"attempt": self.attempt, "rank": self.rank, "points": points, "dropped": dropped}
-        self._client.xadd(self.stream, streams.encode(streams.METRICS, entry))
+            encoded = self._encoded if self._encoded and self._encoded[:2] == (start, dropped) else None
+            if encoded is None:
+                points = list(itertools.islice(self._buf, MAX_BATCH_POINTS))
+        if encoded is None:  # a batch that failed is sent again as it was encoded (no re-encoding per retry)
+            header = {"attempt": self.attempt, "rank": self.rank, "dropped": dropped}
+            fields = streams.encode_metrics(header, points, pause=_yield_gil)
+            encoded = self._encoded = (start, dropped, start + len(points), fields)
+        end, fields = encoded[2], encoded[3]
+        self._client.xadd(self.stream, fields)
+        self._encoded = None
         with self._cond:
             # Points of this batch dropped while it was in flight were written after all.
             self._dropped -= max(0, min(self._head, end) - start)
@@ -171,21 +202,55 @@ class _Writer:
             return bool(self._buf)
 
     def send_timeline(self, step: int, timeline: dict[str, Any]) -> None:
-        """One sampled step's timeline, written at once (a sample: on a Redis outage it is dropped
-        with a warning, the step's figures go through the buffer like every point)."""
-        entry = {"attempt": self.attempt, "rank": self.rank, "step": step, "timeline": timeline}
-        try:
-            self._client.xadd(self.stream, streams.encode(streams.PROFILE, entry))
-        except Exception as error:
-            _log.warning("torchyard: the timeline of step %d was not written: %s", step, error)
+        """Queues one sampled step's timeline for the writer thread (a sample: when more than
+        ENTRY_QUEUE wait, during a Redis outage, the oldest is dropped with a warning)."""
+        self.send(streams.PROFILE, {"step": step, "timeline": timeline})
+
+    def send(self, entry_type: str, data: dict[str, Any]) -> None:
+        """Queues one entry of ``entry_type`` (this rank's attempt and rank added) for the writer thread."""
+        entry = {"attempt": self.attempt, "rank": self.rank, **data}
+        with self._cond:
+            if len(self._entries) >= ENTRY_QUEUE:
+                kind, old = self._entries.popleft()
+                _log.warning("torchyard: a %s entry (step %s) was dropped (Redis is behind)", kind, old.get("step"))
+            self._entries.append((entry_type, entry))
+        if self._thread is None:
+            self._start()
+        self._wake.set()
+
+    def _send_entries(self) -> None:
+        while True:
+            with self._cond:
+                if not self._entries:
+                    return
+                queued = self._entries[0]
+            self._client.xadd(self.stream, streams.encode(*queued))
+            with self._cond:
+                if self._entries and self._entries[0] is queued:
+                    self._entries.popleft()
+                self._cond.notify_all()
 
     def _connect(self) -> Any:
+        # socket.getaddrinfo imports the idna codec on its first call. Were that import in flight on
+        # the writer thread when the process forks (a DataLoader worker), the child would inherit
+        # its module lock held and hang at its own first connect: import it here, in the caller's.
+        import encodings.idna  # noqa: F401
+
         import redis
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
-        # No retries inside redis-py: this loop retries, with its own backoff.
-        return redis.Redis.from_url(self.url, socket_timeout=10, socket_connect_timeout=2, retry=Retry(NoBackoff(), 0))
+        # No retries inside redis-py: this loop retries, with its own backoff. RESP2 and no driver info:
+        # the rank's Redis user may run XADD only, and so the handshake sends nothing else (RESP3's
+        # CLIENT commands would each be refused and logged by Redis).
+        return redis.Redis.from_url(
+            self.url,
+            socket_timeout=10,
+            socket_connect_timeout=2,
+            retry=Retry(NoBackoff(), 0),
+            protocol=2,
+            driver_info=None,
+        )
 
     def _disconnect(self) -> None:
         with contextlib.suppress(Exception):
@@ -206,9 +271,19 @@ class _Disabled:
     def send_timeline(self, step: int, timeline: dict[str, Any]) -> None:
         pass
 
+    def send(self, entry_type: str, data: dict[str, Any]) -> None:
+        pass
+
 
 _writer: _Writer | _Disabled | None = None
 _writer_lock = threading.Lock()
+_logs_own_loss = False  # the script logs "loss" itself: an unmodified script's captured loss stands aside
+
+
+def logs_own_loss() -> bool:
+    """Whether this process has logged a ``loss`` through :func:`log` (workers/runtime/autoinstrument.py
+    then stops logging the loss it captures from ``backward()``)."""
+    return _logs_own_loss
 
 
 def _after_fork_in_child() -> None:
@@ -220,10 +295,10 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _from_env() -> _Writer | _Disabled:
-    url, run_id = os.environ.get("TORCHYARD_REDIS_URL", ""), os.environ.get("TORCHYARD_RUN_ID", "")
+    url, run_id = os.environ.get("TORCHYARD_RANK_REDIS_URL", ""), os.environ.get("TORCHYARD_RUN_ID", "")
     if not url or not run_id:
         warnings.warn(
-            "torchyard.log: TORCHYARD_REDIS_URL or TORCHYARD_RUN_ID is not set; metrics are not recorded",
+            "torchyard.log: TORCHYARD_RANK_REDIS_URL or TORCHYARD_RUN_ID is not set; metrics are not recorded",
             RuntimeWarning,
             stacklevel=4,
         )
@@ -269,6 +344,9 @@ def log(step: int, **scalars: Any) -> None:
             raise TypeError(f"torchyard.log: step={step!r} is not an integer") from None
     if not scalars:
         return
+    if "loss" in scalars:
+        global _logs_own_loss
+        _logs_own_loss = True
     values = {}
     for key, value in scalars.items():  # plain numbers inline: this runs every step of every rank
         values[key] = float(value) if type(value) is float or type(value) is int else _scalar(key, value)
@@ -284,6 +362,12 @@ def log_floats(step: int, values: dict[str, float]) -> None:
 def log_timeline(step: int, timeline: dict[str, Any]) -> None:
     """Records one sampled step's timeline (``workers.runtime.profiling.timeline``'s shape)."""
     _get().send_timeline(step, timeline)
+
+
+def log_facts(facts: dict[str, Any]) -> None:
+    """Records how this attempt runs (:class:`torchyard.facts.RunFacts` as JSON; rank 0, once per
+    attempt): the platform keeps it on the attempt for the scaling advisor."""
+    _get().send(streams.FACTS, {"facts": facts})
 
 
 def flush(timeout: float = 30) -> bool:

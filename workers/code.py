@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from backend import bundles
+from torchyard import archive
 from torchyard.settings import Settings
 
 INJECT_DIR = Path(__file__).resolve().parent / "inject"  # its sitecustomize instruments unmodified scripts
@@ -27,9 +27,9 @@ def fetch(settings: Settings, bundle_id: str, capability: str | None) -> Path:
     cached = cache_dir(settings) / f"{bundle_id}.bundle"
     if cached.exists():
         try:
-            bundles.verify(cached, bundle_id)
+            archive.verify(cached, bundle_id)
             return cached
-        except bundles.BadBundle:
+        except archive.BadBundle:
             cached.unlink(missing_ok=True)
     url = f"{settings.api_url.rstrip('/')}/api/v1/bundles/{bundle_id}/download"
     # a header, not the query: request URLs end up in logs
@@ -45,7 +45,7 @@ def fetch(settings: Settings, bundle_id: str, capability: str | None) -> Path:
             with partial.open("wb") as f:
                 for chunk in response.iter_bytes(1 << 20):
                     f.write(chunk)
-        bundles.verify(partial, bundle_id)
+        archive.verify(partial, bundle_id)
         os.replace(partial, cached)
     finally:
         partial.unlink(missing_ok=True)
@@ -54,9 +54,9 @@ def fetch(settings: Settings, bundle_id: str, capability: str | None) -> Path:
 
 def prepare(settings: Settings, workload: dict, capability: str | None, run_dir: Path) -> Path:
     """Fetches and unpacks the bundle into ``run_dir/code``; returns that folder (the ranks' cwd)."""
-    archive = fetch(settings, workload["bundle"], capability)
+    bundle = fetch(settings, workload["bundle"], capability)
     code = run_dir / "code"
-    files = bundles.extract(archive, code, settings.max_bundle_bytes * bundles.UNPACKED_FACTOR)
+    files = archive.extract(bundle, code, settings.max_bundle_bytes * archive.UNPACKED_FACTOR)
     if workload["entry"] not in files:
         raise RuntimeError(f"bundle {workload['bundle']} has no {workload['entry']!r}")
     return code

@@ -1,5 +1,6 @@
-"""The worker's node-level duties, in its main process: heartbeat its capacity to Redis, end
-orphans at start, end running attempts at shutdown (so Ctrl-C leaves no rank behind)."""
+"""The worker's node-level duties, in its main process: heartbeat its capacity (CPU slots, devices,
+GPUs) to Redis, end orphans at start, end running attempts at shutdown (so Ctrl-C leaves no rank
+behind)."""
 
 from __future__ import annotations
 
@@ -15,17 +16,18 @@ from celery import signals
 
 from torchyard import streams
 from torchyard.settings import Settings, get_settings
-from workers import launcher
+from workers import gpus, isolation, launcher, rundirs
 
 log = logging.getLogger(__name__)
 _stop = threading.Event()
 
 
-def heartbeat_once(client: redis.Redis, settings: Settings) -> None:
+def heartbeat_once(client: redis.Redis, settings: Settings, inventory: list[gpus.Gpu]) -> None:
     beat = {
         "host": settings.node_host,
         "slots": settings.node_slots,
-        "devices": settings.devices,
+        "devices": gpus.devices(settings, inventory),
+        "gpus": [g.as_dict() for g in inventory],
         "ts": time.time(),
         "pid": os.getpid(),
     }
@@ -37,10 +39,13 @@ def heartbeat_once(client: redis.Redis, settings: Settings) -> None:
 
 
 def _heartbeat_loop(settings: Settings) -> None:
+    inventory = gpus.inventory(settings)  # once: a GPU does not come and go while the worker runs
+    listed = ", ".join(f"{g.index} {g.name}".strip() for g in inventory) or "none"
+    log.info("GPUs: %s%s", listed, " (TORCHYARD_NODE_GPUS: trusted, not checked)" if settings.node_gpus.strip() else "")
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5)
     while not _stop.is_set():
         try:
-            heartbeat_once(client, settings)
+            heartbeat_once(client, settings, inventory)
         except redis.RedisError as exc:
             log.warning("heartbeat failed: %s", exc)
         _stop.wait(settings.heartbeat_s)
@@ -49,11 +54,20 @@ def _heartbeat_loop(settings: Settings) -> None:
 @signals.worker_ready.connect
 def _on_ready(**_: Any) -> None:
     settings = get_settings()
-    launcher.stopping_marker(settings).unlink(missing_ok=True)
+    rundirs.stopping_marker(settings).unlink(missing_ok=True)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    settings.state_dir.chmod(0o700)  # the platform's alone: ranks see only their own run dir (workers/isolation.py)
+    if isolation.isolating():
+        user = isolation.ensure_run_user(settings.run_user)
+        log.info("runs are isolated: ranks run as %s (uid %s) in a PID namespace of their own", user.name, user.uid)
+    else:
+        log.warning("runs are not isolated (worker is not root): ranks run as this worker's user")
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=10)
     ended = launcher.end_orphans(client, settings)
     if ended:
         log.warning("ended %d orphaned attempt(s) left by a previous worker", ended)
+    # Before any task runs (the consumer takes none until this returns), as end_orphans.
+    rundirs.remove_stale_run_dirs(settings)
     threading.Thread(target=_heartbeat_loop, args=(settings,), name="heartbeat", daemon=True).start()
 
 
@@ -63,5 +77,5 @@ def _on_shutdown(**_: Any) -> None:
     # their tasks then report the exit and return.
     _stop.set()
     settings = get_settings()
-    launcher.stopping_marker(settings).touch()
+    rundirs.stopping_marker(settings).touch()
     launcher.end_recorded_attempts(settings)

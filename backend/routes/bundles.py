@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, File, Header, HTTPException, Path, Query, Request, UploadFile, status
+from fastapi import APIRouter, Depends, File, Header, HTTPException, Path, Query, Request, UploadFile, status
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
 from backend import bundles
-from backend.deps import Member, SessionDep, Viewer, current_token
-from backend.runs import InvalidRequest, NotFound
+from backend.deps import REQUIRED_ROLE, Member, SessionDep, Viewer, current_caller
+from backend.errors import InvalidRequest, NotFound
 from backend.schemas import BundleOut
+from torchyard import archive
 from torchyard.settings import get_settings
 from torchyard.spec import BUNDLE_ID
 
@@ -51,7 +52,7 @@ async def upload_bundle(
         info = await run_in_threadpool(bundles.store, settings, file.file)
     except bundles.TooLarge:
         raise _too_large(settings.max_bundle_bytes) from None
-    except bundles.BadBundle as exc:
+    except archive.BadBundle as exc:
         raise InvalidRequest(["body", "file"], f"{file.filename or 'the upload'}: {exc}", file.filename) from None
     return _out(info)
 
@@ -68,23 +69,29 @@ def get_bundle(bundle_id: BundleId, _viewer: Viewer) -> BundleOut:
     return _out(_bundle_or_404(bundle_id))
 
 
-@router.get("/{bundle_id}/download", response_class=FileResponse)
-def download_bundle(
+def _token_or_capability(
     bundle_id: BundleId,
     request: Request,
     session: SessionDep,
     cap: Annotated[str | None, Query(description="a capability the scheduler signed (workers)")] = None,
     cap_header: Annotated[str | None, Header(alias="X-Bundle-Capability", description="the same, as a header")] = None,
-) -> FileResponse:
-    """The archive itself, for a bearer token (any role) or a valid capability for this bundle."""
-    settings = get_settings()
+) -> None:
     cap = cap_header or cap
-    if cap is not None:
-        if not bundles.capability_allows(settings, bundle_id, cap):
-            raise HTTPException(status.HTTP_403_FORBIDDEN, "the capability is invalid or expired for this bundle")
-    else:
-        current_token(request, session)  # 401 without a valid token
+    if cap is None:
+        current_caller(request, session)  # 401 without a valid token
+    elif not bundles.capability_allows(get_settings(), bundle_id, cap):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "the capability is invalid or expired for this bundle")
+
+
+REQUIRED_ROLE[_token_or_capability] = "viewer"
+
+
+@router.get("/{bundle_id}/download", response_class=FileResponse, dependencies=[Depends(_token_or_capability)])
+def download_bundle(bundle_id: BundleId) -> FileResponse:
+    """The archive itself, for a bearer token (any role) or a valid capability for this bundle."""
     info = _bundle_or_404(bundle_id)
     return FileResponse(
-        bundles.bundles_dir(settings) / info.filename, media_type="application/octet-stream", filename=info.filename
+        bundles.bundles_dir(get_settings()) / info.filename,
+        media_type="application/octet-stream",
+        filename=info.filename,
     )

@@ -1,6 +1,7 @@
 """/api/v1/session and /api/v1/me: the browser's login. A token (from the link `torchyard up`
-prints, or pasted) is exchanged for an HttpOnly, SameSite=Strict cookie that `current_token`
-accepts like a bearer header, so the page's scripts never hold the secret."""
+prints, or pasted) is exchanged for an opaque session id in an HttpOnly, SameSite=Strict cookie
+that `current_caller` accepts like a bearer header. The page's scripts never hold the secret and
+the cookie never holds the token: logout, expiry or revoking the token ends the session."""
 
 from __future__ import annotations
 
@@ -9,13 +10,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
 from pydantic import BaseModel, Field
 
-from backend.deps import SESSION_COOKIE, SessionDep, current_token
-from backend.models import Token
-from backend.security import find_token
+from backend.deps import SESSION_COOKIE, CallerDep, SessionDep, current_token, same_origin
+from backend.models import BrowserSession, Token, utcnow
+from backend.security import SESSION_TTL, find_token, start_session
 
 router = APIRouter(prefix="/api/v1", tags=["session"])
-
-COOKIE_MAX_AGE_S = 30 * 86400
 
 
 class SessionIn(BaseModel):
@@ -29,13 +28,18 @@ class MeOut(BaseModel):
 
 @router.post("/session", response_model=MeOut)
 def create_session(body: SessionIn, request: Request, response: Response, session: SessionDep) -> MeOut:
+    # A browser says where the page came from: another site must not log us in as someone else.
+    if ("origin" in request.headers or "sec-fetch-site" in request.headers) and not same_origin(request):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "cross-origin login refused: sign in from this site's own page")
     token = find_token(session, body.token.strip())
     if token is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "this token is unknown or revoked")
+    session_id = start_session(session, token)
+    session.commit()
     response.set_cookie(
         SESSION_COOKIE,
-        body.token.strip(),
-        max_age=COOKIE_MAX_AGE_S,
+        session_id,
+        max_age=int(SESSION_TTL.total_seconds()),
         httponly=True,
         samesite="strict",
         secure=request.url.scheme == "https",
@@ -45,7 +49,14 @@ def create_session(body: SessionIn, request: Request, response: Response, sessio
 
 
 @router.delete("/session", status_code=status.HTTP_204_NO_CONTENT)
-def delete_session(response: Response) -> None:
+def delete_session(caller: CallerDep, response: Response, session: SessionDep) -> None:
+    """Ends the browser session the cookie names (server-side: the cookie stops working even if
+    kept); with a bearer header there is none to end."""
+    if caller.session_hash is not None:
+        row = session.get(BrowserSession, caller.session_hash)
+        if row is not None:
+            row.ended_at = utcnow()
+            session.commit()
     response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
 
 

@@ -1,17 +1,17 @@
 """/api/v1/tokens: admins create, list and revoke bearer tokens. A secret is shown once, at
-creation; a revoked token stops working on its next request."""
+creation; a revoked token stops working on its next request, and so do its browser sessions."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Path, status
+from fastapi import APIRouter, Path, status
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
 
+from backend import security
 from backend.deps import DB_INT_MAX, Admin, SessionDep
-from backend.models import Token, utcnow
+from backend.models import Token
 from backend.security import create_token
 
 router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
@@ -45,17 +45,10 @@ def create(body: TokenIn, session: SessionDep, _admin: Admin) -> NewToken:
 
 @router.get("", response_model=list[TokenOut])
 def list_tokens(session: SessionDep, _admin: Admin) -> list[Token]:
-    return list(session.scalars(select(Token).order_by(Token.id)))
+    return security.list_tokens(session)
 
 
 @router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT)
 def revoke(token_id: Annotated[int, Path(ge=1, le=DB_INT_MAX)], session: SessionDep, admin: Admin) -> None:
-    token = session.get(Token, token_id)
-    if token is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"token {token_id} not found")
-    if token.revoked_at is not None:
-        raise HTTPException(status.HTTP_409_CONFLICT, f"token {token_id} was already revoked at {token.revoked_at}")
-    if token.id == admin.id:
-        raise HTTPException(status.HTTP_409_CONFLICT, "you cannot revoke the token you are using")
-    token.revoked_at = utcnow()
+    security.revoke_token(session, token_id, by=admin)
     session.commit()

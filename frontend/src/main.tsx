@@ -2,13 +2,17 @@ import { render } from "preact";
 import { useEffect, useState } from "preact/hooks";
 import { api, ok, type Me } from "./api/client";
 import { onConnection, isOnline } from "./lib/connection";
+import { setPrefsUser } from "./lib/prefs";
 import { useRoute } from "./lib/route";
 import { Cluster } from "./pages/Cluster";
 import { Compare } from "./pages/Compare";
+import { Datasets } from "./pages/Datasets";
 import { Login } from "./pages/Login";
 import { NewRun } from "./pages/NewRun";
+import { NewSweep } from "./pages/NewSweep";
 import { RunDetail } from "./pages/RunDetail";
 import { Runs } from "./pages/Runs";
+import { SweepDetail, Sweeps } from "./pages/Sweeps";
 import { Loading } from "./components/ui";
 import "./style.css";
 
@@ -42,6 +46,7 @@ function App() {
     location.hash = "#/login";
     return null;
   }
+  setPrefsUser(me.name); // view settings are remembered per user
 
   const logout = async () => {
     await api.DELETE("/api/v1/session");
@@ -58,6 +63,10 @@ function App() {
   else if (page === "new") body = <NewRun route={route} />;
   else if (page === "compare") body = <Compare route={route} />;
   else if (page === "cluster") body = <Cluster />;
+  else if (page === "datasets") body = <Datasets />;
+  else if (page === "sweeps" && route.path[1] === "new") body = <NewSweep route={route} />;
+  else if (page === "sweeps" && route.path[1]) body = <SweepDetail id={Number(route.path[1])} />;
+  else if (page === "sweeps") body = <Sweeps />;
   else body = <Runs />;
 
   return (
@@ -70,7 +79,9 @@ function App() {
           {nav("#/runs", "Runs", page === "runs")}
           {nav("#/new", "New run", page === "new")}
           {nav("#/compare", "Compare", page === "compare")}
+          {nav("#/sweeps", "Sweeps", page === "sweeps")}
           {nav("#/cluster", "Cluster", page === "cluster")}
+          {nav("#/datasets", "Datasets", page === "datasets")}
         </nav>
         <div class="who">
           <span>

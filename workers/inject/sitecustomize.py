@@ -3,8 +3,9 @@
 The launcher puts this folder first on a script run's ``PYTHONPATH``, so Python imports this
 module at start-up in every process of the run. It does anything only in a training rank
 (``TORCHYARD_INSTRUMENT=1`` and torchrun's ``RANK`` set): there it installs
-``workers/runtime/autoinstrument.py``, which waits for ``import torch`` and then times DDP's
-gradient communication and the optimizer's steps (see that module). It never imports torch itself.
+``workers/runtime/errorfile.py`` (the exception that ends the rank, recorded for the run's failure
+reason) and ``workers/runtime/autoinstrument.py``, which waits for ``import torch`` and then times
+DDP's gradient communication and the optimizer's steps (see that module). It never imports torch itself.
 
 Our modules load by file path under private names, so a user's own ``workers`` package still
 imports as theirs. Any failure is printed once and the script runs uninstrumented. A
@@ -30,8 +31,10 @@ def _load(name: str, path: str) -> object:
 def _install() -> None:
     if os.environ.get("TORCHYARD_INSTRUMENT") != "1" or "RANK" not in os.environ:
         return
-    path = os.path.join(os.path.dirname(_HERE), "runtime", "autoinstrument.py")
-    _load("_torchyard_autoinstrument", path).install()  # type: ignore[attr-defined]
+    runtime = os.path.join(os.path.dirname(_HERE), "runtime")
+    # The exception that ends the rank goes to torch elastic's error file: the run's failure reason.
+    _load("_torchyard_errorfile", os.path.join(runtime, "errorfile.py")).install()  # type: ignore[attr-defined]
+    _load("_torchyard_autoinstrument", os.path.join(runtime, "autoinstrument.py")).install()  # type: ignore[attr-defined]
 
 
 def _chain() -> None:

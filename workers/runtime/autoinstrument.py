@@ -14,7 +14,8 @@ for ``import torch`` (an import hook, so torch is never imported early) and then
   script calls itself through ``torch.distributed`` (``all_reduce``, ``all_gather[_into_tensor]``,
   ``reduce_scatter[_tensor]``, ``broadcast``, ``reduce``, ``all_to_all[_single]``, ``send``/``recv``,
   ``batch_isend_irecv``, and the ``all_gather_single``/``reduce_scatter_single`` that FSDP2's
-  ``fully_shard`` issues) are timed by the same timer: a blocking call is in flight and waited for
+  ``fully_shard`` issues), and DTensor's (tensor parallelism: ``torch.distributed._functional_collectives``,
+  patched once imported, see ``comm.patch_functional_collectives``) are timed by the same timer: a blocking call is in flight and waited for
   during the whole call; an ``async_op=True`` one until its work completes (its future's callback;
   on CUDA an event recorded there, on the collective's stream; without a future, when ``wait()``
   returns), and the time the training thread spends in its ``wait()`` is exposed. Bytes follow
@@ -25,9 +26,14 @@ for ``import torch`` (an import hook, so torch is never imported early) and then
   identity); gather/scatter and the object collectives are not counted.
 - **throughput**: the samples of each step's training-mode forwards of the DDP module (the first
   tensor argument's first dimension) give ``samples_per_s``; without DDP, ``steps_per_s``.
+- **loss**: the mean of the one-element tensors ``backward()`` was called on in the step (the
+  unscaled loss when it went through ``GradScaler.scale``), read with the step's other figures
+  (no sync on CUDA). Once the script logs its own ``loss`` through ``torchyard.log`` this stops
+  (a first step logged both ways keeps the value that came first: ours). A script whose gradient
+  accumulation divides each micro-batch's loss should log its own.
 
 Per rank and step it logs through the SDK: ``step_time_s``, ``samples_per_s`` or ``steps_per_s``,
-``max_rss_bytes``, and with DDP the comm figures, ``compute_time_s`` and ``comm_fraction``. On CUDA
+``loss``, ``max_rss_bytes``, and with DDP the comm figures, ``compute_time_s`` and ``comm_fraction``. On CUDA
 the step's begin and end marks are CUDA events read a step later (``steplog.StepLog``): the script's
 steps are never synchronized by us.
 
@@ -37,6 +43,7 @@ Any failure in here is printed once; the rank then goes on uninstrumented.
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib
 import importlib.abc
 import importlib.util
@@ -65,6 +72,8 @@ class _State:
         self.comm_timed = False
         self.steps: Any = None  # steplog.StepLog: a step's scalars wait there for its comm figures
         self.first_forward: Any = None
+        self.loss_sum: Any = None  # the step's backward() losses, summed on their device (no sync)
+        self.loss_count = 0
         self.exit_flush = False
         self.register_original: Any = None  # DDP.register_comm_hook before our patch
         self.local = threading.local()  # hook_depth: inside a timed DDP hook; hook_comm: it issued dist.*
@@ -83,28 +92,40 @@ def _fail(where: str) -> None:
         sys.stderr.flush()
 
 
+FUNCTIONAL_COLLECTIVES = "torch.distributed._functional_collectives"  # DTensor's (tensor parallelism)
+
+
 def install() -> None:
-    if "torch" in sys.modules:
-        _on_torch(sys.modules["torch"])
+    _load("hangdump").start()  # answers the platform's "why is it stuck" (needs no torch until asked)
+    _after_import("torch", _on_torch)
+
+
+def _after_import(name: str, patch: Any) -> None:
+    """``patch(module)`` once module ``name`` is imported: now, or when its code has run."""
+    if name in sys.modules:
+        patch(sys.modules[name])
     else:
-        sys.meta_path.insert(0, _TorchFinder())
+        sys.meta_path.insert(0, _AfterImport(name, patch))
 
 
-class _TorchFinder(importlib.abc.MetaPathFinder):
-    """Finds torch with the other finders, and patches it once its ``__init__`` has run."""
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds one module with the other finders, and patches it once its code has run."""
+
+    def __init__(self, name: str, patch: Any) -> None:
+        self.name, self.patch = name, patch
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "torch":
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
+        spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        loader, original = spec.loader, spec.loader.exec_module
+        loader, original, patch = spec.loader, spec.loader.exec_module, self.patch
 
         def exec_module(module: Any) -> None:
             original(module)
-            _on_torch(module)
+            patch(module)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -128,11 +149,23 @@ def _on_torch(torch: Any) -> None:
         optimizer.register_optimizer_step_post_hook(_after_optimizer_step)
         module = importlib.import_module("torch.nn.modules.module")
         _state.first_forward = module.register_module_forward_pre_hook(_first_forward)
+        _patch_backward(torch)
         _patch_ddp(importlib.import_module("torch.nn.parallel.distributed").DistributedDataParallel)
         if torch.distributed.is_available():
             _patch_collectives(torch.distributed)
+            _after_import(FUNCTIONAL_COLLECTIVES, _on_functional_collectives)
     except Exception:
         _fail("setup")
+
+
+def _on_functional_collectives(module: Any) -> None:
+    """DTensor's collectives (tensor parallelism, ``distribute_tensor``, loss parallel) go to C++
+    functional ops, never through ``torch.distributed.*``: timed where they are issued."""
+    try:
+        if not _state.disabled:
+            _state.comm.patch_functional_collectives(lambda: _timing("functional collective"))
+    except Exception:
+        _fail("functional collectives")
 
 
 # ---- steps ----------------------------------------------------------------------------------
@@ -162,6 +195,7 @@ def _begin(step: int) -> None:
         if distributed:
             _state.comm_timed = True  # every step reports comm figures (0 without collectives)
     _state.step, _state.samples = step, 0
+    _state.loss_sum, _state.loss_count = None, 0
     _state.timer.begin_step(step)
 
 
@@ -179,7 +213,10 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         per_step = {"samples_per_s": float(_state.samples)} if _state.samples else {"steps_per_s": 1.0}
         steps = _state.steps
         steps.comm = _state.comm_timed  # a script without a process group: no comm figures
-        steps.hold(_state.step, {}, per_step)
+        loss = None
+        if _state.loss_count and not _sdk().logs_own_loss():
+            loss = _state.loss_sum / _state.loss_count
+        steps.hold(_state.step, {}, per_step, loss=loss)
         if steps.end_step() and not _state.exit_flush:
             _state.exit_flush = True
             atexit.register(_flush_at_exit)  # after the SDK's own: runs before it (atexit is LIFO)
@@ -188,10 +225,47 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         _fail("optimizer.step")
 
 
-def _log_floats(step: int, values: dict[str, float]) -> None:
+def _sdk() -> Any:
     import torchyard.sdk
 
-    torchyard.sdk.log_floats(step, values)
+    return torchyard.sdk
+
+
+def _log_floats(step: int, values: dict[str, float]) -> None:
+    _sdk().log_floats(step, values)
+
+
+def _patch_backward(torch: Any) -> None:
+    """Notes the loss of a script that never logs one: the one-element tensor it calls ``backward()``
+    on. Through a GradScaler that tensor is the scaled loss, so ``scale`` leaves the unscaled one on
+    what it returns."""
+    backward = torch.Tensor.backward
+
+    def noted_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _state.disabled and _state.step:
+            try:
+                if self.numel() == 1:
+                    loss = getattr(self, "_torchyard_unscaled", self).detach().reshape(())
+                    _state.loss_sum = loss if _state.loss_sum is None else _state.loss_sum + loss
+                    _state.loss_count += 1
+            except Exception:
+                _fail("backward")
+        return backward(self, *args, **kwargs)
+
+    torch.Tensor.backward = functools.wraps(backward)(noted_backward)
+    scaler_class = importlib.import_module("torch.amp.grad_scaler").GradScaler
+    scale = scaler_class.scale
+
+    def noted_scale(self: Any, outputs: Any) -> Any:
+        scaled = scale(self, outputs)
+        if isinstance(outputs, torch.Tensor) and isinstance(scaled, torch.Tensor) and scaled is not outputs:
+            try:
+                scaled._torchyard_unscaled = outputs
+            except Exception:
+                _fail("GradScaler.scale")
+        return scaled
+
+    scaler_class.scale = functools.wraps(scale)(noted_scale)
 
 
 def _flush_at_exit() -> None:
@@ -271,17 +345,14 @@ def _ddp_forward(module: Any, args: Any, kwargs: Any) -> None:
 def _timed_hook(hook: Any) -> Any:
     """``hook`` with each bucket's collective timed from the hook's call to its future's completion;
     the last bucket marks the end of backward compute (exposed comm = the tail after it)."""
-    torch, comm = _state.torch, _state.comm
-    engine = torch.autograd.Variable._execution_engine
+    comm = _state.comm
 
     def timed_hook(state: Any, bucket: Any) -> Any:
         timer = _state.timer
         if _state.disabled or timer is None:
             return hook(state, bucket)
         try:
-            start, last = timer.now(), bucket.is_last()
-            if last:
-                engine.queue_callback(lambda: timer.expose_tail(timer.now()))
+            start, _last = timer.begin_bucket(bucket)
             size = comm.tensor_bytes(bucket.buffer())
         except Exception:
             _fail("the comm hook")

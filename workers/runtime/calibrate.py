@@ -28,6 +28,8 @@ def calibrate(
     for size in sizes:
         buf = torch.ones(size // 4, dtype=torch.float32, device=device)
         dist.all_reduce(buf, group=group)  # warm-up (connections, allocations)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # else the timed call's clock starts while the warm-up still runs
         t0 = time.perf_counter()
         dist.all_reduce(buf, group=group)
         if device.type == "cuda":

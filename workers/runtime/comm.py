@@ -8,7 +8,9 @@ communication, then turns them into the step's figures (see README, "Metrics"):
 - ``exposed_comm_s``: the length of the union of the waited-for intervals;
 - ``comm_bytes``, ``algbw_GBps`` = bytes / comm_time_s, ``busbw_GBps`` = Σ bytes × factor(kind) /
   comm_time_s (nccl-tests factors: all-reduce 2(n−1)/n; all-gather, reduce-scatter (n−1)/n;
-  broadcast and send/recv 1).
+  broadcast and send/recv 1);
+- ``first_comm_at_s``: when the step's first collective was launched, from the step's start (the
+  rank's arrival at it; 0 for a step without collectives).
 
 On CPU a time is ``time.perf_counter()`` (wall clock around calls, or inside a future's ``then``
 callback, which on Gloo runs when the work completes). On CUDA a time is a
@@ -16,7 +18,8 @@ callback, which on Gloo runs when the work completes). On CUDA a time is a
 the current stream is the collective's); a step's events are read one step later, so a step's
 figures are ready at the end of the next step (:meth:`CommTimer.end_step` says which).
 
-Strategies use the small helpers here: :meth:`CommTimer.track` (a future), :meth:`CommTimer.call`
+Also the one home for unions of intervals (``merged``, ``uncovered``), which the sampled steps'
+trace figures (``profiling.py``) use too. Strategies use the small helpers here: :meth:`CommTimer.track` (a future), :meth:`CommTimer.call`
 (a blocking call), :class:`TimedDist` (a stand-in for the ``dist`` module global of a torch module
 whose collectives we time) and :meth:`CommTimer.expose_tail` (DDP: exposed = comm end − backward
 compute end).
@@ -34,43 +37,54 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.autograd import Variable
+
+from torchyard.collectives import KIND_BYTES, Collective, bus_factor
 
 Mark = float | torch.cuda.Event
 
-ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, SEND_RECV = (
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "broadcast",
-    "send_recv",
-)
+# The kinds' names and bus factors live in the contract (the scaling advisor uses them too).
+ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER
+BROADCAST, SEND_RECV, ALL_TO_ALL = Collective.BROADCAST, Collective.SEND_RECV, Collective.ALL_TO_ALL
 
 
-def bus_factor(kind: str, world: int) -> float:
-    """nccl-tests' busbw / algbw factor for a collective over ``world`` ranks."""
-    if world < 2:
-        return 0.0
-    if kind == ALL_REDUCE:
-        return 2 * (world - 1) / world
-    if kind in (ALL_GATHER, REDUCE_SCATTER):
-        return (world - 1) / world
-    return 1.0
+def merged(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of the intervals as sorted, disjoint intervals."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if end <= start:
+            continue
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def length(intervals: list[tuple[float, float]]) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def uncovered(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """How much of the disjoint sorted intervals ``a`` no interval of ``b`` (disjoint, sorted) covers."""
+    total, j = 0.0, 0
+    for start, end in a:
+        cursor = start
+        while j < len(b) and b[j][1] <= cursor:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > cursor:
+                total += b[k][0] - cursor
+            cursor = max(cursor, b[k][1])
+            k += 1
+        total += max(0.0, end - cursor)
+    return total
 
 
 def union_length(intervals: Iterable[tuple[float, float]]) -> float:
     """Total length covered by the intervals (overlaps counted once)."""
-    total, cur_start, cur_end = 0.0, -math.inf, -math.inf
-    for start, end in sorted(intervals):
-        if end <= start:
-            continue
-        if start > cur_end:
-            total += max(0.0, cur_end - cur_start) if cur_end > -math.inf else 0.0
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    if cur_end > -math.inf:
-        total += cur_end - cur_start
-    return total
+    return length(merged(intervals))
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:
@@ -82,32 +96,41 @@ class _Step:
     step: int
     origin: Mark
     end: Mark | None = None  # end_step's mark
-    comms: list[tuple[Mark, Mark, int, str]] = field(default_factory=list)
+    batch_ready: Mark | None = None  # the batch is in host memory: data_wait_s runs from origin to here
+    data_ready: Mark | None = None  # the batch is on the device: data_time_s runs from origin to here
+    # (start, end, bytes, kind, ranks): ranks, the collective's group size (0: the whole world)
+    comms: list[tuple[Mark, Mark, int, str, int]] = field(default_factory=list)
     exposed: list[tuple[Mark, Mark]] = field(default_factory=list)
     tail_from: Mark | None = None  # exposed also = [tail_from, last comm end] (DDP)
-    extra_bytes: list[tuple[int, str]] = field(default_factory=list)  # bytes of collectives timed as a whole
+    # (bytes, kind, ranks) of collectives timed as a whole
+    extra_bytes: list[tuple[int, str, int]] = field(default_factory=list)
 
 
 def figures(
-    comms: list[tuple[float, float, int, str]],
+    comms: list[tuple[float, float, int, str, int]],
     exposed: list[tuple[float, float]],
     world: int,
-    extra_bytes: list[tuple[int, str]] | None = None,
+    extra_bytes: list[tuple[int, str, int]] | None = None,
 ) -> dict[str, float]:
-    """A step's communication figures from its intervals (any common time origin)."""
+    """A step's communication figures from its intervals (any common time origin). A collective's
+    ``ranks`` is its group's size (0: ``world``): a 2-D mesh's collectives run on sub-groups, and
+    the bus factor is the group's. ``comm_bytes_<kind>``: the bytes of each kind the step issued."""
     # plain loops, no generators: this runs at every step of every rank
     nbytes, bus_bytes, count = 0, 0.0, 0
     spans = []
-    for s, e, b, k in comms:
+    by_kind: dict[str, float] = {}
+    for s, e, b, k, n in comms:
         spans.append((s, e))
         if b > 0:
-            nbytes, bus_bytes, count = nbytes + b, bus_bytes + b * bus_factor(k, world), count + 1
-    for b, k in extra_bytes or ():
+            nbytes, bus_bytes, count = nbytes + b, bus_bytes + b * bus_factor(k, n or world), count + 1
+            by_kind[k] = by_kind.get(k, 0.0) + b
+    for b, k, n in extra_bytes or ():
         if b > 0:
-            nbytes, bus_bytes, count = nbytes + b, bus_bytes + b * bus_factor(k, world), count + 1
+            nbytes, bus_bytes, count = nbytes + b, bus_bytes + b * bus_factor(k, n or world), count + 1
+            by_kind[k] = by_kind.get(k, 0.0) + b
     comm_time = union_length(spans) if spans else 0.0
     waited = union_length(exposed) if exposed else 0.0
-    return {
+    out: dict[str, float] = {
         "comm_time_s": comm_time,
         "exposed_comm_s": min(waited, comm_time) if comm_time > 0 else waited,
         "comm_bytes": float(nbytes),
@@ -115,23 +138,29 @@ def figures(
         "algbw_GBps": nbytes / comm_time / 1e9 if comm_time > 0 else 0.0,
         "busbw_GBps": bus_bytes / comm_time / 1e9 if comm_time > 0 else 0.0,
     }
+    for kind, kind_bytes in by_kind.items():
+        out[KIND_BYTES + kind] = kind_bytes
+    return out
 
 
 class CommTimer:
     """Per-step collective intervals for one rank; cheap enough to stay on (a clock read or a CUDA
     event per collective, a few list appends, a union over a handful of intervals per step)."""
 
-    def __init__(self, world: int, device: torch.device, inject_delay_s: float = 0.0) -> None:
+    def __init__(self, world: int, device: torch.device) -> None:
         self.world = world
         self.device = device
         self.cuda = device.type == "cuda"
         self._calibration: dict[int, float] = {}
         self._log_sizes: list[float] = []  # the calibration in log-log, for interpolation
         self._log_busbw: list[float] = []
-        self.inject_delay_s = inject_delay_s  # tests: added to one collective on even steps
         self._step: _Step | None = None
         self._pending: list[_Step] = []  # CUDA: steps whose events are read a step later
         self.no_future: set[str] = set()  # kinds whose Work had no future (Gloo send/recv)
+        self._kinds: set[str] = set()  # the collective kinds issued so far: comm_bytes_<kind> from then on
+        # (step, kind -> collectives) of the newest step worked out: how many a step issues, which the
+        # run's facts carry once (the scaling advisor's latency term), never a metric of every step
+        self.ops: tuple[int, dict[str, int]] = (0, {})
         self._lock = threading.Lock()
         # a mark: on CPU the clock itself (no Python frame per call: this runs several times a step)
         self.now: Callable[[], Mark] = self._event if self.cuda else time.perf_counter
@@ -166,7 +195,10 @@ class CommTimer:
 
     def _event(self) -> Mark:
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        if self.device.index is None or torch.cuda.current_device() == self.device.index:
+            event.record()  # the current stream: inside a collective's callback, the collective's
+        else:  # a script that never called set_device: its work runs on the model's device, not device 0
+            event.record(torch.cuda.current_stream(self.device))
         return event
 
     def _seconds(self, origin: Mark, mark: Mark) -> float:
@@ -188,16 +220,31 @@ class CommTimer:
         """The step starts now: its time runs from this mark to :meth:`end_step`'s."""
         self._step = _Step(step, self.now())
 
-    def add(self, kind: str, nbytes: int, start: Mark, end: Mark) -> None:
+    def batch_ready(self) -> None:
+        """The step's batch is in host memory (optional, before :meth:`data_ready`): splits
+        ``data_time_s`` into ``data_wait_s`` (waiting for the loader) and ``data_copy_s`` (the
+        host→device copy after it), two parts of one clock that add up to it exactly."""
+        if self._step is not None:
+            self._step.batch_ready = self.now()
+
+    def data_ready(self) -> None:
+        """The step's batch is loaded (and its copy to the device queued): ``data_time_s`` is the time
+        from the step's start to here on the step's own clock (CUDA: events, so it is subtracted
+        from an event-timed step in like units; the device's view: the wait it saw)."""
+        if self._step is not None:
+            self._step.data_ready = self.now()
+
+    def add(self, kind: str, nbytes: int, start: Mark, end: Mark, ranks: int = 0) -> None:
+        """A collective in flight from ``start`` to ``end`` on a group of ``ranks`` (0: the world)."""
         if self._step is not None:
             with self._lock:
-                self._step.comms.append((start, end, nbytes, kind))
+                self._step.comms.append((start, end, nbytes, kind, ranks))
 
-    def add_bytes(self, kind: str, *sizes: int) -> None:
+    def add_bytes(self, kind: str, *sizes: int, ranks: int = 0) -> None:
         """Bytes of collectives whose time is already covered by an enclosing interval."""
         if self._step is not None:
             with self._lock:
-                self._step.extra_bytes.extend((nbytes, kind) for nbytes in sizes)
+                self._step.extra_bytes.extend((nbytes, kind, ranks) for nbytes in sizes)
 
     def add_exposed(self, start: Mark, end: Mark) -> None:
         if self._step is not None:
@@ -209,22 +256,24 @@ class CommTimer:
         if self._step is not None:
             self._step.tail_from = compute_end
 
-    def should_inject(self, step: int) -> bool:
-        return self.inject_delay_s > 0 and step % 2 == 0
+    def begin_bucket(self, bucket: Any) -> tuple[Mark, bool]:
+        """A DDP comm hook's first act (ours and an unmodified script's alike): the bucket's start
+        mark, and whether it is the last bucket; the last one marks the end of backward compute when
+        the autograd engine runs its final callbacks (as DDP's own timer does)."""
+        start, last = self.now(), bucket.is_last()
+        if last:
+            Variable._execution_engine.queue_callback(lambda: self.expose_tail(self.now()))
+        return start, last
 
-    def track(
-        self, kind: str, nbytes: int, start: Mark, fut: torch.futures.Future[Any], inject: bool = False
-    ) -> torch.futures.Future[Any]:
+    def track(self, kind: str, nbytes: int, start: Mark, fut: torch.futures.Future[Any]) -> torch.futures.Future[Any]:
         """Time ``fut`` from ``start`` until it completes; returns the future to hand on."""
-        if inject and self.inject_delay_s > 0 and self.should_inject(self.step):
-            fut = _delayed(fut, self.inject_delay_s)
         step = self._step
 
         def done(f: torch.futures.Future[Any]) -> Any:
             end = self.now()
             if step is not None:
                 with self._lock:
-                    step.comms.append((start, end, nbytes, kind))
+                    step.comms.append((start, end, nbytes, kind, 0))
             return f.value()
 
         return fut.then(done)
@@ -237,6 +286,12 @@ class CommTimer:
         self.add(kind, nbytes, start, end)
         self.add_exposed(start, end)
         return result
+
+    def blocking(self, kind: str, nbytes: int, start: Mark, ranks: int = 0) -> None:
+        """A collective the step waited for from ``start`` until now (in flight and exposed)."""
+        end = self.now()
+        self.add(kind, nbytes, start, end, ranks)
+        self.add_exposed(start, end)
 
     def work(self, kind: str, nbytes: int, start: Mark, work: Any) -> Any:
         """An async collective's Work: timed until done (its future where the backend has one,
@@ -267,17 +322,37 @@ class CommTimer:
         with self._lock:
             comms, exposed, extra = list(s.comms), list(s.exposed), list(s.extra_bytes)
         tail_from = s.tail_from
+        zero = s.origin  # CPU: perf_counter readings as they are (unions and differences need no common zero)
         if not isinstance(s.origin, float):  # CUDA events: seconds since the step began
-            origin, seconds = s.origin, self._seconds
-            comms = [(seconds(origin, a), seconds(origin, b), n, k) for a, b, n, k in comms]
+            origin, seconds, zero = s.origin, self._seconds, 0.0
+            comms = [(seconds(origin, a), seconds(origin, b), n, k, r) for a, b, n, k, r in comms]
             exposed = [(seconds(origin, a), seconds(origin, b)) for a, b in exposed]
             tail_from = None if tail_from is None else seconds(origin, tail_from)
-        # CPU: perf_counter readings as they are (unions and differences need no common zero)
         if tail_from is not None and comms:
-            exposed.append((tail_from, max(e for _, e, _, _ in comms)))  # type: ignore[type-var]
+            exposed.append((tail_from, max(e for _, e, _, _, _ in comms)))  # type: ignore[type-var]
         out = figures(comms, exposed, self.world, extra)  # type: ignore[arg-type]
+        ops: dict[str, int] = {}
+        for _, _, nbytes, kind, _ in comms:
+            if nbytes > 0:  # as comm_ops counts them
+                ops[kind] = ops.get(kind, 0) + 1
+        for nbytes, kind, _ in extra:
+            if nbytes > 0:
+                ops[kind] = ops.get(kind, 0) + 1
+        self.ops = (s.step, ops)
+        for kind in self._kinds:  # a kind once issued is reported at every later step (0 when idle)
+            out.setdefault(KIND_BYTES + kind, 0.0)
+        self._kinds.update(key[len(KIND_BYTES) :] for key in out if key.startswith(KIND_BYTES))
         out["busbw_efficiency"] = self.efficiency(out)
+        # When this rank reached the step's first collective, from its step's start: steps start
+        # together (each begins as the last one's collectives release every rank), so a rank
+        # that arrives later than the others is the one they wait for (backend/stragglers.py).
+        out["first_comm_at_s"] = min(c[0] for c in comms) - zero if comms else 0.0  # type: ignore[operator, type-var]
         out["step_time_s"] = 0.0 if s.end is None else self._seconds(s.origin, s.end)
+        if s.data_ready is not None:
+            out["data_time_s"] = self._seconds(s.origin, s.data_ready)
+            if s.batch_ready is not None:
+                out["data_wait_s"] = self._seconds(s.origin, s.batch_ready)
+                out["data_copy_s"] = out["data_time_s"] - out["data_wait_s"]
         return out
 
     def efficiency(self, fig: dict[str, float]) -> float:
@@ -285,18 +360,6 @@ class CommTimer:
         if not self._log_sizes or fig["comm_ops"] <= 0 or fig["busbw_GBps"] <= 0:
             return 0.0
         return fig["busbw_GBps"] / self.reference_busbw(fig["comm_bytes"] / fig["comm_ops"])
-
-
-def _delayed(fut: torch.futures.Future[Any], delay: float) -> torch.futures.Future[Any]:
-    """``fut``'s result, ``delay`` seconds after it completes; the wait happens on a timer thread,
-    never inline in the thread that attached it (a done future runs callbacks inline)."""
-    out: torch.futures.Future[Any] = torch.futures.Future()
-
-    def later(f: torch.futures.Future[Any]) -> None:
-        threading.Timer(delay, lambda: out.set_result(f.value())).start()
-
-    fut.add_done_callback(later)
-    return out
 
 
 class _TimedWork:
@@ -373,5 +436,64 @@ def patch_dist(module: Any, timer: CommTimer, bytes_only: bool = False) -> Calla
 
     def undo() -> None:
         module.dist = original
+
+    return undo
+
+
+# torch.distributed._functional_collectives: the functions that issue a c10d functional op (the
+# deprecated *_tensor aliases call these through the module, so they are counted once), with
+# (kind, bytes of a call: nccl-tests' convention, from (input tensor, group size), where the group
+# argument is: its position after the input tensor)
+_FUNCTIONAL: dict[str, tuple[str, Callable[[torch.Tensor, int], int], int]] = {
+    "all_reduce": (ALL_REDUCE, lambda t, n: tensor_bytes(t), 1),
+    "all_gather_single": (ALL_GATHER, lambda t, n: tensor_bytes(t) * n, 1),  # the whole gathered buffer
+    "reduce_scatter_single": (REDUCE_SCATTER, lambda t, n: tensor_bytes(t), 2),  # the whole input
+    "all_to_all_single": (ALL_TO_ALL, lambda t, n: tensor_bytes(t), 2),
+    "broadcast": (BROADCAST, lambda t, n: tensor_bytes(t), 1),
+}
+
+
+def patch_functional_collectives(timing: Callable[[], CommTimer | None]) -> Callable[[], None]:
+    """Time the collectives of torch's functional-collective layer, which DTensor (tensor
+    parallelism, its redistributions, loss parallel) issues instead of ``torch.distributed.*``:
+    each goes straight to a ``_c10d_functional`` C++ op, so no stand-in for ``dist`` sees it.
+
+    A functional collective returns at once with an ``AsyncCollectiveTensor`` that waits at its
+    first use, and in eager DTensor the next op uses it right away. So the stand-in waits for it
+    here: the interval from the call to the wait's return is the collective, all of it exposed
+    (CPU: the call and the blocking wait; CUDA: events on the current stream before the launch and
+    after the stream's wait for the collective). ``timing()``: the timer, when a call now is to be
+    timed (a step is being measured), else None. Under ``torch.compile`` tracing the original runs
+    (the compiled graph schedules its own waits). Returns the undo."""
+    import torch.distributed._functional_collectives as funcol
+    import torch.distributed.distributed_c10d as c10d
+
+    originals = {name: getattr(funcol, name) for name in _FUNCTIONAL}
+
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        kind, nbytes, group_at = _FUNCTIONAL[name]
+
+        def collective(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            timer = None if torch.compiler.is_compiling() else timing()
+            if timer is None:
+                return fn(tensor, *args, **kwargs)
+            group = args[group_at] if len(args) > group_at else kwargs["group"]
+            ranks = c10d._get_group_size_by_name(funcol._resolve_group_name(group))
+            start = timer.now()
+            out = fn(tensor, *args, **kwargs)
+            if isinstance(out, funcol.AsyncCollectiveTensor):
+                out = out.wait()
+            timer.blocking(kind, nbytes(tensor, ranks), start, ranks)
+            return out
+
+        collective.__wrapped__ = fn  # type: ignore[attr-defined]
+        return collective
+
+    for name, fn in originals.items():
+        setattr(funcol, name, timed(name, fn))
+
+    def undo() -> None:
+        for name, fn in originals.items():
+            setattr(funcol, name, fn)
 
     return undo

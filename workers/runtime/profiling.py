@@ -4,7 +4,9 @@ and the trace gives an independent measure of the step's communication:
 - **comm intervals**: the collectives themselves. On Gloo they run on Gloo's own threads as
   ``gloo:<op>`` spans; on CUDA they are the NCCL kernels on the device.
 - **compute intervals**: on CPU, every ``aten::`` op (forward, backward, optimizer) except those
-  inside a collective or its launch (``c10d::*``); on CUDA every other device kernel.
+  inside a collective or its launch (``c10d::*``); on CUDA every other device kernel. The
+  timeline's compute lanes draw exactly these (the outermost of nested ops), so the picture and
+  the overlap figure agree.
 - ``prof_comm_time_s`` = the comm intervals' union; ``prof_exposed_comm_s`` = the part of it
   when no compute runs; ``prof_overlap_fraction`` = 1 − exposed / comm. Python between ops counts
   as not computing, so on CPU the exposed figure is an upper bound.
@@ -22,43 +24,12 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from workers.runtime.comm import length, merged, uncovered
+
 COMM_PREFIXES = ("gloo:", "nccl:")
+COPY_PREFIXES = ("Memcpy", "Memset")  # CUDA copy/set activities as the profiler names them
 LAUNCH_PREFIX = "c10d::"  # the training thread's side of a collective: a launch (or a wait), not compute
 MAX_SPANS = 300
-
-
-def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The union of the intervals as sorted, disjoint intervals."""
-    out: list[tuple[float, float]] = []
-    for start, end in sorted(intervals):
-        if end <= start:
-            continue
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
-
-
-def length(intervals: list[tuple[float, float]]) -> float:
-    return sum(end - start for start, end in intervals)
-
-
-def uncovered(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """How much of the disjoint sorted intervals ``a`` no interval of ``b`` (disjoint, sorted) covers."""
-    total, j = 0.0, 0
-    for start, end in a:
-        cursor = start
-        while j < len(b) and b[j][1] <= cursor:
-            j += 1
-        k = j
-        while k < len(b) and b[k][0] < end:
-            if b[k][0] > cursor:
-                total += b[k][0] - cursor
-            cursor = max(cursor, b[k][1])
-            k += 1
-        total += max(0.0, end - cursor)
-    return total
 
 
 @contextlib.contextmanager
@@ -80,14 +51,17 @@ def analyze(prof: profile, cuda: bool, step: int) -> tuple[dict[str, float], dic
     comm_lanes: dict[str, list[tuple[float, float, str]]] = {}
     compute_lanes: dict[str, list[tuple[float, float, str]]] = {}
     compute: list[tuple[float, float]] = []
+    copy_lanes: dict[str, list[tuple[float, float, str]]] = {}
     if cuda:
         for e in events:
             if e.device_type != DeviceType.CUDA:
                 continue
             start, end = _span(e)
-            lane = f"stream {e.device_index}:{getattr(e, 'stream', 0)}" if hasattr(e, "stream") else "device"
+            lane = f"cuda:{e.device_index} stream {getattr(e, 'device_resource_id', None)}"  # a lane per stream
             if "nccl" in e.name.lower():
                 comm_lanes.setdefault(lane, []).append((start, end, e.name[:60]))
+            elif e.name.startswith(COPY_PREFIXES):  # host<->device traffic: neither compute nor comm
+                copy_lanes.setdefault(lane, []).append((start, end, e.name[:60]))
             else:
                 compute_lanes.setdefault(lane, []).append((start, end, e.name[:60]))
                 compute.append((start, end))
@@ -96,10 +70,12 @@ def analyze(prof: profile, cuda: bool, step: int) -> tuple[dict[str, float], dic
             start, end = _span(e)
             if e.name.startswith(COMM_PREFIXES):  # Gloo's threads; send/recv on the caller's own
                 comm_lanes.setdefault(f"thread {e.thread}", []).append((start, end, e.name))
-            elif e.cpu_parent is None:  # what the training thread was doing, as the timeline shows it
-                compute_lanes.setdefault(f"thread {e.thread}", []).append((start, end, e.name))
-            if e.name.startswith("aten::") and not _inside_comm(e):
+            elif e.name.startswith("aten::") and not _inside(e, (LAUNCH_PREFIX, *COMM_PREFIXES)):
                 compute.append((start, end))
+                # The lane draws what the figures count: the outermost such ops (their union is the
+                # compute above), not the enclosing autograd/DDP spans that also cover the waits.
+                if not _inside(e, ("aten::",)):
+                    compute_lanes.setdefault(f"thread {e.thread}", []).append((start, end, e.name))
     comm = merged([(s, e) for spans in comm_lanes.values() for s, e, _ in spans])
     busy = merged(compute)
     comm_us = length(comm)
@@ -110,31 +86,30 @@ def analyze(prof: profile, cuda: bool, step: int) -> tuple[dict[str, float], dic
         "prof_compute_time_s": length(busy) / 1e6,
         "prof_overlap_fraction": 1 - exposed_us / comm_us if comm_us > 0 else 0.0,
     }
-    return figures, timeline(step, figures, compute_lanes, comm_lanes)
+    return figures, timeline(step, figures, {"compute": compute_lanes, "comm": comm_lanes, "copy": copy_lanes})
 
 
-def _inside_comm(event: Any) -> bool:
+def _inside(event: Any, prefixes: tuple[str, ...]) -> bool:
+    """Whether an enclosing op's name starts with one of ``prefixes``."""
     parent = event.cpu_parent
     while parent is not None:
-        if parent.name.startswith((LAUNCH_PREFIX, *COMM_PREFIXES)):
+        if parent.name.startswith(prefixes):
             return True
         parent = parent.cpu_parent
     return False
 
 
 def timeline(
-    step: int,
-    figures: dict[str, float],
-    compute_lanes: dict[str, list[tuple[float, float, str]]],
-    comm_lanes: dict[str, list[tuple[float, float, str]]],
+    step: int, figures: dict[str, float], by_kind: dict[str, dict[str, list[tuple[float, float, str]]]]
 ) -> dict[str, Any]:
-    """Compact: times in whole µs from the first span; names once, spans refer to them by index."""
-    spans = [s for lanes in (compute_lanes, comm_lanes) for lane in lanes.values() for s in lane]
+    """Compact: times in whole µs from the first span; names once, spans refer to them by index.
+    ``by_kind``: "compute" / "comm" / "copy" → lane label → spans."""
+    spans = [s for lanes in by_kind.values() for lane in lanes.values() for s in lane]
     origin = min((s for s, _, _ in spans), default=0.0)
     end = max((e for _, e, _ in spans), default=origin)
     names: dict[str, int] = {}
     lanes = []
-    for kind, group in (("compute", compute_lanes), ("comm", comm_lanes)):
+    for kind, group in by_kind.items():
         for label, lane in sorted(group.items()):
             kept = sorted(sorted(lane, key=lambda s: s[1] - s[0], reverse=True)[:MAX_SPANS])
             lanes.append(

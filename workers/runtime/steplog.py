@@ -7,8 +7,9 @@ benchmark."""
 from __future__ import annotations
 
 import resource
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,6 +28,52 @@ def memory_figures(device: torch.device) -> dict[str, float]:
     return out
 
 
+DATA_PARTS = ("data_time_s", "data_wait_s", "data_copy_s")  # data_time_s = data_wait_s + data_copy_s
+GPU_SAMPLE_EVERY_S = 1.0  # an NVML query costs tens of µs; a step may take a millisecond
+
+
+class GpuTelemetry:
+    """The rank's own GPU through NVML (``nvidia-ml-py``): utilisation, memory in use, power and
+    temperature, sampled at most once a second (so sparser than the steps). On CPU, without the
+    package or without a driver there are no such metrics at all: absent, not zero."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.handle: Any = None
+        self.nvml: Any = None
+        self.next_at = 0.0
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py
+
+            pynvml.nvmlInit()
+            # By UUID: CUDA_VISIBLE_DEVICES renumbers devices for torch, never for NVML.
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            self.handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+            self.nvml = pynvml
+        except Exception:  # no package, no driver, an old driver: no telemetry, training goes on
+            self.handle = None
+
+    def sample(self) -> dict[str, float]:
+        """The device's figures when a second has passed since the last sample, else nothing."""
+        if self.handle is None or time.monotonic() < self.next_at:
+            return {}
+        self.next_at = time.monotonic() + GPU_SAMPLE_EVERY_S
+        nvml, handle = self.nvml, self.handle
+        out: dict[str, float] = {}
+        for key, read in (
+            ("gpu_util_pct", lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+            ("gpu_mem_used_bytes", lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used),
+            ("gpu_power_w", lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),
+            ("gpu_temp_c", lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
+        ):
+            try:
+                out[key] = float(read())
+            except Exception:  # a figure this board does not report (power on some)
+                continue
+        return out
+
+
 class StepLog:
     """The one place a step's metrics come together. The loop holds a logged step's own scalars
     (``lr``, ``data_time_s``, ...) here, with its loss tensor and the counts that become rates,
@@ -34,7 +81,7 @@ class StepLog:
     then they get ``step_time_s`` (the timer's begin/end marks: on CUDA events, so no device-wide
     sync), the rates (``samples_per_s`` = samples / step_time_s, ...), ``loss``,
     ``compute_time_s`` (step − data − exposed comm), the comm figures, ``comm_fraction`` and the
-    memory high-water marks, and go to ``log`` (``torchyard.sdk.log_floats``). ``comm=False``: no
+    memory high-water marks and (CUDA, once a second) the GPU's NVML figures, and go to ``log`` (``torchyard.sdk.log_floats``). ``comm=False``: no
     collectives are timed (a script without a process group); ``efficiency=False``: no
     calibration ran."""
 
@@ -46,6 +93,7 @@ class StepLog:
         efficiency: bool = True,
     ) -> None:
         self.timer, self.log, self.comm, self.efficiency = timer, log, comm, efficiency
+        self.telemetry = GpuTelemetry(timer.device)
         self.pending: dict[int, tuple[dict[str, float], dict[str, float], torch.Tensor | None]] = {}
 
     def hold(
@@ -81,6 +129,9 @@ class StepLog:
                 continue
             scalars, per_step, loss = held
             step_time = scalars["step_time_s"] = fig.pop("step_time_s")
+            for key in DATA_PARTS:  # marked on the timer's clock (CommTimer.batch_ready, data_ready)
+                if key in fig:
+                    scalars[key] = fig.pop(key)
             for name, count in per_step.items():
                 scalars[name] = count / step_time if step_time > 0 else 0.0
             if loss is not None:
@@ -94,6 +145,7 @@ class StepLog:
                 scalars.update(fig)
                 scalars["comm_fraction"] = exposed / step_time if step_time > 0 else 0.0
             scalars.update(memory_figures(self.timer.device))
+            scalars.update(self.telemetry.sample())
             self.log(step, scalars)
             logged += 1
         return logged

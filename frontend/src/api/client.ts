@@ -6,9 +6,11 @@ import { setOnline } from "../lib/connection";
 
 export type Run = components["schemas"]["RunOut"];
 export type RunPage = components["schemas"]["RunPage"];
+export type StrategyComparison = components["schemas"]["StrategyComparison"];
 export type RunEvent = components["schemas"]["EventOut"];
 export type LogLine = components["schemas"]["LogLineOut"];
 export type Node = components["schemas"]["NodeOut"];
+export type Gpu = components["schemas"]["GpuOut"];
 export type MetricSeries = components["schemas"]["MetricSeries"];
 export type Me = components["schemas"]["MeOut"];
 export type RunSpecIn = components["schemas"]["RunSpec"];
@@ -66,7 +68,7 @@ export async function fetchSeries(
 ): Promise<MetricSeries> {
   const query: { key: string; max_points: number; step_min?: number; step_max?: number } = {
     key,
-    max_points: Math.max(2, Math.min(100_000, Math.round(maxPoints))),
+    max_points: Math.max(2, Math.min(10_000, Math.round(maxPoints))), // the server's most (backend/metrics.py MAX_POINTS)
   };
   if (stepMin !== undefined) query.step_min = Math.max(0, Math.floor(stepMin));
   if (stepMax !== undefined) query.step_max = Math.max(0, Math.ceil(stepMax));
@@ -84,6 +86,11 @@ export interface MetricsEvent {
 export interface LogsEvent {
   attempt: number;
   lines: [number, number, string][];
+}
+/** Ingest's word on a live run, about once a second (torchyard/streams.py ``ingested``). */
+export interface IngestedEvent {
+  lag_s: number; // how far behind the ranks storage is
+  sdk_dropped: Record<string, number>; // rank → points its SDK dropped at its buffer bound (this attempt)
 }
 export interface StateEvent {
   status: string;

@@ -1,19 +1,16 @@
-// A uPlot chart, created once per (series set, x mode) and fed with setData (STYLE 11).
+// A uPlot chart, created once per (series set, x mode, y scale) and fed with setData: live points never rebuild it.
+import type { ComponentChildren } from "preact";
 import { useEffect, useRef } from "preact/hooks";
 import uPlot from "uplot";
+import { STEP_INCRS, TIME_INCRS, yRange } from "../lib/axes";
 import "uplot/dist/uPlot.min.css";
+import { PALETTE, type SeriesDef } from "../lib/chartdata";
+import type { Num } from "../lib/data";
 import { exposeChart } from "../lib/debug";
-import { fmtAxis, fmtNumber } from "../lib/format";
+import { fmtAxis, formatter } from "../lib/format";
+import type { Format } from "../lib/runview";
 
-export const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
-
-export interface SeriesDef {
-  label: string;
-  color?: string;
-  dash?: number[];
-  width?: number;
-  fill?: string;
-}
+export { PALETTE, type SeriesDef };
 
 /** A vertical marker across the plot, e.g. where a new attempt of the run took over. */
 export interface Mark {
@@ -23,23 +20,48 @@ export interface Mark {
 
 export interface ChartHandle {
   plot: uPlot | null;
-  setData(data: uPlot.AlignedData): void;
+  /** ``shown``: what the legend shows per series where it is not the drawn value (a stacked
+   * chart draws running sums; its legend shows each part). */
+  setData(data: uPlot.AlignedData, shown?: Num[][]): void;
 }
 
 interface Props {
   title: string;
+  help?: string;
   series: SeriesDef[];
   time?: boolean; // x is wall time (seconds) rather than step
+  xLabel?: string; // the x axis's name where x is neither (default: "step" or "wall time")
+  logY?: boolean;
+  format?: Format;
   syncKey?: string;
   height?: number;
-  unit?: string;
   onZoom?: (xMin: number, xMax: number) => void;
   handle: (h: ChartHandle | null) => void;
   testId?: string;
   marks?: Mark[];
+  /** A performance mark set once, on the animation frame after the first draw that had data: the
+   * moment its pixels are on screen (benchmarks/dashboard.py reads it). */
+  drawnMark?: string;
+  actions?: ComponentChildren; // in the title row: downloads
 }
 
-export function Chart({ title, series, time = false, syncKey, height = 220, unit, onZoom, handle, testId, marks }: Props) {
+export function Chart({
+  title,
+  help,
+  series,
+  time = false,
+  xLabel,
+  logY = false,
+  format,
+  syncKey,
+  height = 220,
+  onZoom,
+  handle,
+  testId,
+  marks,
+  drawnMark,
+  actions,
+}: Props) {
   const box = useRef<HTMLDivElement>(null);
   const plotRef = useRef<uPlot | null>(null);
   const zoomRef = useRef(onZoom);
@@ -51,13 +73,15 @@ export function Chart({ title, series, time = false, syncKey, height = 220, unit
     plotRef.current?.redraw(false, false);
     // eslint-disable-next-line react-hooks/exhaustive-deps
   }, [marksKey]);
-  const seriesKey = series.map((s) => s.label).join("|");
+  const seriesKey = series.map((s) => `${s.label}:${s.color ?? ""}`).join("|");
+  const shownRef = useRef<Num[][] | undefined>(undefined);
 
   useEffect(() => {
     const el = box.current;
     if (!el) return;
     const width = Math.max(200, el.clientWidth);
     let xTicks: string[] = []; // what the x axis last drew (read by the browser tests)
+    const fmt = formatter(format);
     const opts: uPlot.Options = {
       width,
       height,
@@ -66,13 +90,19 @@ export function Chart({ title, series, time = false, syncKey, height = 220, unit
         sync: syncKey ? { key: syncKey, setSeries: false } : undefined,
         drag: { x: true, y: false, setScale: false },
       },
-      scales: { x: { time } },
+      scales: {
+        x: { time },
+        y: logY ? { distr: 3, range: (_u, min, max) => uPlot.rangeLog(min, max, 10, true) } : { range: yRange },
+      },
       axes: [
         {
           stroke: "#64748b",
           grid: { stroke: "#eef2f7" },
           ticks: { stroke: "#e2e8f0" },
-          label: time ? "wall time" : "step",
+          label: xLabel ?? (time ? "wall time" : "step"),
+          // steps are whole numbers (no 1.5 on a short run); clock labels need room not to overlap
+          incrs: time ? TIME_INCRS : STEP_INCRS,
+          space: time ? 70 : 50, // "00:00:00" is ~55 px at 11 px: 70 keeps labels apart without thinning a short run to one tick
           labelSize: 18,
           labelFont: "11px system-ui, sans-serif",
           values: (_u, vals) => (xTicks = vals.map((v) => (time ? fmtClockS(v) : fmtAxis(v)))),
@@ -81,12 +111,12 @@ export function Chart({ title, series, time = false, syncKey, height = 220, unit
           stroke: "#64748b",
           grid: { stroke: "#eef2f7" },
           ticks: { stroke: "#e2e8f0" },
-          size: 60,
-          values: (_u, vals) => vals.map((v) => fmtAxis(v)),
+          size: 64,
+          values: (_u, vals) => vals.map((v) => (v === null ? "" : fmt.axis(v))),
         },
       ],
       series: [
-        { label: time ? "time" : "step", value: time ? undefined : (_u, v) => (v === null ? "—" : String(v)) },
+        { label: xLabel ?? (time ? "time" : "step"), value: time ? undefined : (_u, v) => (v === null ? "—" : String(v)) },
         ...series.map((s, i) => ({
           label: s.label,
           stroke: s.color ?? PALETTE[i % PALETTE.length],
@@ -94,12 +124,25 @@ export function Chart({ title, series, time = false, syncKey, height = 220, unit
           dash: s.dash,
           fill: s.fill,
           spanGaps: true,
-          points: { show: false },
-          value: (_u: uPlot, v: number | null) => (v === null ? "—" : fmtNumber(v, 4) + (unit ?? "")),
+          points: s.points ? { show: true, size: 7, fill: s.color ?? PALETTE[i % PALETTE.length] } : { show: false },
+          paths: s.points ? () => null : undefined,
+          value: (_u: uPlot, v: number | null, si: number, di: number | null) => {
+            const shown = di === null ? v : (shownRef.current?.[si]?.[di] ?? v);
+            return shown === null || shown === undefined ? "—" : fmt.value(shown);
+          },
         })),
       ],
       hooks: {
-        draw: [(u) => drawMarks(u, marksRef.current)],
+        draw: [
+          (u) => {
+            drawMarks(u, marksRef.current);
+            if (drawnMark && u.data[0]?.length && !performance.getEntriesByName(drawnMark).length) {
+              requestAnimationFrame(() => {
+                if (!performance.getEntriesByName(drawnMark).length) performance.mark(drawnMark);
+              });
+            }
+          },
+        ],
         setSelect: [
           (u) => {
             if (u.select.width < 5) return;
@@ -114,7 +157,17 @@ export function Chart({ title, series, time = false, syncKey, height = 220, unit
     const empty: uPlot.AlignedData = [[], ...series.map(() => [])];
     const plot = new uPlot(opts, empty, el);
     plotRef.current = plot;
-    const h: ChartHandle = { plot, setData: (d) => plot.setData(d) };
+    const h: ChartHandle = {
+      plot,
+      setData: (d, shown) => {
+        // Data shaped for another series set (the page's settings changed and this chart is about to
+        // be rebuilt for them) would make uPlot read a column that is not there: the rebuilt chart
+        // is fed on the next redraw.
+        if (d.length !== plot.series.length) return;
+        shownRef.current = shown;
+        plot.setData(d);
+      },
+    };
     handle(h);
     if (testId) {
       exposeChart(testId, () => ({
@@ -124,6 +177,9 @@ export function Chart({ title, series, time = false, syncKey, height = 220, unit
         mode: time ? "time" : "step",
         ticks: xTicks.slice(),
         marks: marksRef.current.map((m) => m.x),
+        series: (plot.series as { label?: string }[]).slice(1).map((x) => x.label ?? ""),
+        ys: plot.data.slice(1).map((col) => Array.from(col ?? [])),
+        log: plot.scales.y?.distr === 3,
       }));
     }
     const resize = new ResizeObserver(() => {
@@ -139,11 +195,17 @@ export function Chart({ title, series, time = false, syncKey, height = 220, unit
       plot.destroy();
     };
     // eslint-disable-next-line react-hooks/exhaustive-deps
-  }, [seriesKey, time, syncKey, height, testId]);
+  }, [seriesKey, time, xLabel, logY, format, syncKey, height, testId]);
 
   return (
-    <div class="chart" data-testid={testId} data-x={time ? "time" : "step"}>
-      <div class="chart-title">{title}</div>
+    <div class="chart" data-testid={testId} data-x={time ? "time" : "step"} data-log={logY ? "on" : "off"}>
+      <div class="chart-head">
+        <div class="chart-title" title={help}>
+          {title}
+          {help && <span class="muted chart-help"> — {help}</span>}
+        </div>
+        {actions}
+      </div>
       <div ref={box} class="chart-body" />
     </div>
   );

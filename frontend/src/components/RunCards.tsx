@@ -1,49 +1,20 @@
 // Cards of the run page that read their own endpoint: checkpoints and the sampled step.
-import { useEffect, useState } from "preact/hooks";
+import { useState } from "preact/hooks";
 import { api, ok } from "../api/client";
 import { fmtBytes, fmtClock } from "../lib/format";
 import { timelineRows } from "../lib/timeline";
-import { ErrorBox, Loading } from "./ui";
+import { ErrorBox, Loading, usePoll } from "./ui";
 
 const POLL_MS = 10_000;
-
-/** ``load()``'s result, read again whenever ``deps`` change and, while ``active``, every 10 s
- * (a checkpoint or a sampled step comes every N steps, not every frame); [data, error]. */
-function usePolled<T>(load: () => Promise<T>, active: boolean, deps: unknown[]): [T | null, string | null] {
-  const [data, setData] = useState<T | null>(null);
-  const [error, setError] = useState<string | null>(null);
-  useEffect(() => {
-    let alive = true;
-    const read = async () => {
-      try {
-        const got = await load();
-        if (alive) {
-          setData(got);
-          setError(null);
-        }
-      } catch (e) {
-        if (alive) setError(e instanceof Error ? e.message : String(e));
-      }
-    };
-    void read();
-    const timer = active ? window.setInterval(read, POLL_MS) : 0;
-    return () => {
-      alive = false;
-      window.clearInterval(timer);
-    };
-    // load is a new closure each render: deps (and active) say when what it reads changed
-  }, [active, ...deps]);
-  return [data, error];
-}
 
 /** The run's complete checkpoints (read from the checkpoint root by the api), each downloadable as a
  * tar (the session cookie authorises the plain link). Re-read on each state change and, while the
  * run is live, every 10 s: a checkpoint is every N steps, not every frame. */
 export function Checkpoints({ id, active, status }: { id: number; active: boolean; status: string }) {
-  const [items, error] = usePolled(
+  const { data: items, error } = usePoll(
     async () => ok(await api.GET("/api/v1/runs/{run_id}/checkpoints", { params: { path: { run_id: id } } })),
-    active,
-    [id, status],
+    [id, status, active],
+    active ? POLL_MS : undefined,
   );
 
   return (
@@ -51,7 +22,7 @@ export function Checkpoints({ id, active, status }: { id: number; active: boolea
       <h2>Checkpoints</h2>
       {error ? (
         <ErrorBox error={error} />
-      ) : items === null ? (
+      ) : items === undefined ? (
         <Loading what="Loading checkpoints" />
       ) : items.length === 0 ? (
         <div class="state state-empty">No checkpoints{active ? " yet" : ""}.</div>
@@ -96,20 +67,19 @@ const ms = (seconds: number | undefined) => (seconds === undefined ? "—" : `${
 /** The latest (or a chosen) step sampled with torch.profiler: every rank's compute and
  * communication spans on one axis, with the trace's own comm / exposed / overlap figures. */
 export function SampledStep({ id, active, status }: { id: number; active: boolean; status: string }) {
-  const [listed, listError] = usePolled(
+  const { data: listed, error: listError } = usePoll(
     async () => ok(await api.GET("/api/v1/runs/{run_id}/profiles", { params: { path: { run_id: id } } })),
-    active,
-    [id, status],
+    [id, status, active],
+    active ? POLL_MS : undefined,
   );
   const [chosen, setChosen] = useState<number | null>(null);
   const steps = listed?.map((s) => s.step) ?? null;
   const step = chosen ?? steps?.[0] ?? null;
-  const [data, stepError] = usePolled(
+  const { data, error: stepError } = usePoll(
     async () =>
       step === null
         ? null
         : ok(await api.GET("/api/v1/runs/{run_id}/profiles/{step}", { params: { path: { run_id: id, step } } })),
-    false,
     [id, step],
   );
   const error = listError ?? stepError;

@@ -1,8 +1,7 @@
-// The run page's tables: each rank's latest figures (the slowest marked), the state history, and
-// the logs with a rank filter.
-import { useEffect, useRef, useState } from "preact/hooks";
-import type { LogLine, RunEvent } from "../api/client";
-import { fmtClock, fmtDuration, fmtSI, fmtTs } from "../lib/format";
+// The run page's tables: each rank's latest figures (the slowest marked) and the state history
+// (with the live alerts).
+import type { IngestedEvent, RunEvent } from "../api/client";
+import { fmtClock, fmtDuration, fmtSI } from "../lib/format";
 import { StatusBadge } from "./ui";
 
 export interface RankRow {
@@ -11,16 +10,30 @@ export interface RankRow {
   values: Record<string, number | null>;
 }
 
-/** One row per rank; the comm column shows exposed comm where the run reports it. */
-export function RankTable({ ranks, keys }: { ranks: RankRow[]; keys: string[] }) {
+/** One row per rank; the comm column shows exposed comm where the run reports it. ``stored``: ingest's
+ * latest word while the run is live (how far behind storage is; points a rank's SDK dropped). */
+export function RankTable({ ranks, keys, stored }: { ranks: RankRow[]; keys: string[]; stored?: IngestedEvent | null }) {
   const slowest = ranks.reduce<RankRow | null>(
     (m, r) => ((r.values.step_time_s ?? -1) > (m?.values.step_time_s ?? -1) ? r : m),
     null,
   );
   const commKey = keys.includes("exposed_comm_s") ? "exposed_comm_s" : keys.includes("comm_time_s") ? "comm_time_s" : null;
+  const dropped = stored?.sdk_dropped ?? {};
+  const anyDropped = Object.values(dropped).some((n) => n > 0);
   return (
     <div class="card">
-      <h2>Ranks</h2>
+      <div class="card-head">
+        <h2>Ranks</h2>
+        {stored && (
+          <span
+            class={stored.lag_s > 5 ? "tag" : "muted"}
+            data-testid="ingest-lag"
+            title="how far behind the ranks the stored figures are (ingest's lag): the live charts do not wait for it"
+          >
+            stored {fmtDuration(stored.lag_s)} behind
+          </span>
+        )}
+      </div>
       {ranks.length === 0 ? (
         <div class="state state-empty">No rank has reported yet.</div>
       ) : (
@@ -32,6 +45,7 @@ export function RankTable({ ranks, keys }: { ranks: RankRow[]; keys: string[] })
               <th class="num">Step time</th>
               <th class="num">{commKey === "exposed_comm_s" ? "Exposed comm" : "Comm time"}</th>
               <th class="num">Samples/s</th>
+              {anyDropped && <th class="num" title="points the rank's SDK dropped (oldest first) while Redis could not keep up">Dropped</th>}
             </tr>
           </thead>
           <tbody>
@@ -45,6 +59,11 @@ export function RankTable({ ranks, keys }: { ranks: RankRow[]; keys: string[] })
                 <td class="num">{fmtDuration(r.values.step_time_s)}</td>
                 <td class="num">{commKey ? fmtDuration(r.values[commKey]) : "—"}</td>
                 <td class="num">{fmtSI(r.values.samples_per_s)}</td>
+                {anyDropped && (
+                  <td class="num" data-testid={`sdk-dropped-${r.rank}`}>
+                    {(dropped[String(r.rank)] ?? 0).toLocaleString("en-US")}
+                  </td>
+                )}
               </tr>
             ))}
           </tbody>
@@ -54,6 +73,9 @@ export function RankTable({ ranks, keys }: { ranks: RankRow[]; keys: string[] })
   );
 }
 
+// An alert (backend/alerts.py) is an event in the history, the run's state unchanged.
+const ALERT_LABEL: Record<string, string> = { throughput: "slower", comm_fraction: "comm wait" };
+
 export function StateHistory({ events }: { events: RunEvent[] }) {
   return (
     <div class="card">
@@ -61,10 +83,16 @@ export function StateHistory({ events }: { events: RunEvent[] }) {
       <table class="table" data-testid="events">
         <tbody>
           {events.map((e) => (
-            <tr>
+            <tr data-alert={e.alert ?? undefined}>
               <td class="muted nowrap">{fmtClock(e.at)}</td>
               <td>
-                <StatusBadge status={e.to_status} />
+                {e.alert ? (
+                  <span class="badge badge-alert" title={`alert: ${e.alert}`}>
+                    {ALERT_LABEL[e.alert] ?? e.alert}
+                  </span>
+                ) : (
+                  <StatusBadge status={e.to_status} />
+                )}
               </td>
               <td class="reason-cell">
                 <pre>{e.reason}</pre>
@@ -74,46 +102,5 @@ export function StateHistory({ events }: { events: RunEvent[] }) {
         </tbody>
       </table>
     </div>
-  );
-}
-
-export function LogsCard({ lines, active }: { lines: LogLine[]; active: boolean }) {
-  const [logRank, setLogRank] = useState<string>("all");
-  const shown = logRank === "all" ? lines : lines.filter((l) => String(l.rank) === logRank);
-  const logRanks = [...new Set(lines.map((l) => l.rank))].sort((a, b) => a - b);
-  return (
-    <div class="card">
-      <div class="card-head">
-        <h2>Logs</h2>
-        <select value={logRank} onChange={(e) => setLogRank((e.target as HTMLSelectElement).value)} data-testid="log-rank">
-          <option value="all">All ranks</option>
-          {logRanks.map((r) => (
-            <option value={String(r)}>{r === -1 ? "launcher" : `rank ${r}`}</option>
-          ))}
-        </select>
-      </div>
-      {shown.length === 0 ? (
-        <div class="state state-empty">No log lines{active ? " yet" : ""}.</div>
-      ) : (
-        <LogView lines={shown} />
-      )}
-    </div>
-  );
-}
-
-function LogView({ lines }: { lines: LogLine[] }) {
-  const box = useRef<HTMLPreElement>(null);
-  useEffect(() => {
-    const el = box.current;
-    if (el && el.scrollHeight - el.scrollTop - el.clientHeight < 80) el.scrollTop = el.scrollHeight;
-  }, [lines]);
-  return (
-    <pre class="logs" ref={box} data-testid="logs">
-      {lines.slice(-500).map((l) => (
-        <div>
-          <span class="muted">{fmtTs(l.ts)}</span> <span class="rank">[{l.rank === -1 ? "agent" : l.rank}]</span> {l.text}
-        </div>
-      ))}
-    </pre>
   );
 }

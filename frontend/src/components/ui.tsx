@@ -35,7 +35,15 @@ export function ErrorBox({ error, retry }: { error: unknown; retry?: () => void 
   );
 }
 
-export function Progress({ value, total }: { value: number; total: number }) {
+/** ``total`` null: not known yet (a script says how many steps it runs only by running them). */
+export function Progress({ value, total }: { value: number; total: number | null }) {
+  if (total === null) {
+    return (
+      <div class="progress" title={`step ${value}`} role="progressbar">
+        <span class="progress-text">step {value.toLocaleString("en-US")}</span>
+      </div>
+    );
+  }
   const pct = total > 0 ? Math.min(100, (100 * value) / total) : 0;
   return (
     <div

@@ -1,6 +1,5 @@
 import { describe, expect, it } from "vitest";
 import { alignSeries, LiveSeries, mean, minMaxIndices, specTable } from "./data";
-import { chartData, chartDefs, interpolate } from "./runview";
 
 describe("minMaxIndices", () => {
   it("keeps everything under the budget", () => {
@@ -70,34 +69,6 @@ describe("alignSeries", () => {
       [10, 20, null, 40],
       [null, 200, 300, null],
     ]);
-  });
-});
-
-describe("chart model", () => {
-  it("shows the comm split only for keys that exist, and user scalars as their own charts", () => {
-    const defs = chartDefs(["loss", "samples_per_s", "step_time_s", "data_time_s", "accuracy"], 2);
-    expect(defs.map((d) => d.id)).toEqual(["loss", "throughput", "steptime", "key:accuracy"]);
-    expect(defs[2]?.keys).toEqual(["step_time_s", "data_time_s"]);
-    expect(defs[2]?.title).toContain("not reported yet: compute_time_s, exposed_comm_s");
-  });
-  it("puts the sampled steps' trace figures on one chart, not one chart each", () => {
-    const keys = ["loss", "prof_comm_time_s", "prof_exposed_comm_s", "prof_compute_time_s", "prof_overlap_fraction"];
-    const defs = chartDefs(keys, 2);
-    expect(defs.map((d) => d.id)).toEqual(["loss", "traced"]);
-    expect(defs[1]?.keys).toEqual(["prof_comm_time_s", "prof_exposed_comm_s"]);
-  });
-  it("scales throughput by the world size and maps x to wall time", () => {
-    const s = new LiveSeries();
-    s.setHistory([1, 2], [100, 101], [10, 20]);
-    const [def] = chartDefs(["samples_per_s"], 4);
-    expect(chartData(def!, new Map([["samples_per_s", s]]), false)).toEqual([
-      [1, 2],
-      [40, 80],
-    ]);
-    expect(chartData(def!, new Map([["samples_per_s", s]]), true)[0]).toEqual([100, 101]);
-  });
-  it("interpolates wall time between known steps", () => {
-    expect(interpolate([1, 5, 10], [0, 10], [100, 200])).toEqual([110, 150, 200]);
   });
 });
 

@@ -87,3 +87,20 @@ export function fmtBytes(n: number | null | undefined): string {
   }
   return i === 0 ? `${x} B` : `${x.toFixed(x < 10 ? 2 : 1)} ${units[i]}`;
 }
+
+/** A chart's y labels (axis ticks, legend values) for what its values are. */
+export function formatter(format: "number" | "seconds" | "bytes" | "percent" | undefined): {
+  axis: (v: number) => string;
+  value: (v: number) => string;
+} {
+  switch (format) {
+    case "bytes":
+      return { axis: fmtBytes, value: fmtBytes };
+    case "percent":
+      return { axis: fmtPercent, value: fmtPercent };
+    case "seconds":
+      return { axis: fmtAxis, value: (v) => `${fmtNumber(v, 4)} s` };
+    default:
+      return { axis: fmtAxis, value: (v) => fmtNumber(v, 4) };
+  }
+}

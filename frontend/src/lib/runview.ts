@@ -1,96 +1,123 @@
-// The run page's chart model: which charts a run's metric keys give, and their columnar data.
-import type { MetricSeries } from "../api/client";
-import { alignSeries, type LiveSeries, type Num } from "./data";
+// The run page's chart model: which charts a run's metric keys give, in which section, and how
+// each is drawn. The data for them is shaped in chartdata.ts.
 
-export const BUILTIN = new Set([
-  "loss",
-  "lr",
-  "step_time_s",
-  "data_time_s",
-  "samples_per_s",
-  "compute_time_s",
-  "comm_time_s",
-  "exposed_comm_s",
-]);
-export const STEP_PARTS = ["step_time_s", "compute_time_s", "exposed_comm_s", "data_time_s"];
+export type SectionId = "training" | "speed" | "communication" | "system" | "other";
+export const SECTIONS: { id: SectionId; title: string; help: string }[] = [
+  { id: "training", title: "Training", help: "loss and learning rate" },
+  { id: "speed", title: "Speed", help: "throughput, and where each step's time goes" },
+  {
+    id: "communication",
+    title: "Communication",
+    help: "collectives: the share of the step spent waiting for them, their time, bandwidth and bytes",
+  },
+  { id: "system", title: "System", help: "memory (and the GPU's figures where a run reports them)" },
+  { id: "other", title: "Other", help: "everything else the run logs" },
+];
+
+export type Format = "number" | "seconds" | "bytes" | "percent";
 
 export interface ChartDef {
-  id: string;
+  id: string; // the test id's suffix: chart-<id>
+  section: SectionId;
   title: string;
-  keys: string[]; // metric keys it needs
-  labels: string[];
-  scale?: number; // multiply y (throughput: per-rank mean × world size)
-  band?: boolean; // one key drawn as mean with its across-rank min and max
-  unit?: string;
+  help?: string;
+  keys: string[]; // metric keys it reads
+  labels: string[]; // one per series it draws (before smoothing adds the raw ones)
+  kind: "band" | "lines" | "stacked"; // band: one key's across-rank mean with its min and max
+  perRankKey?: string; // the key drawn one line per rank when per-rank lines are on
+  throughput?: number; // y = this / the step's slowest step_time_s (the global batch, or its tokens)
+  scale?: number; // multiply y (a script's throughput: mean over ranks × ranks)
+  format?: Format;
 }
 
-// The sampled steps' own figures (training.profile_every): one chart; the timeline card has the rest.
-const TRACE_PARTS = ["prof_comm_time_s", "prof_exposed_comm_s"];
+/** What the charts need to know of the run's spec. batch null: a script (its batch is its own). */
+export interface RunShape {
+  world: number;
+  batch: number | null;
+  seqLen: number | null; // tokens per sample (charlm)
+}
 
-export function chartDefs(keys: string[], world: number): ChartDef[] {
+// Step time split into parts that add up to it (README: compute = step − data − exposed comm), bottom first.
+export const STEP_PARTS = ["data_time_s", "compute_time_s", "exposed_comm_s"];
+// data_time_s split in two that add up to it (the loop marks the batch in host memory), bottom first.
+export const DATA_PARTS = ["data_wait_s", "data_copy_s"];
+const FOLDED = new Set(["loss", "lr", "step_time_s", "samples_per_s", "tokens_per_s", ...STEP_PARTS, ...DATA_PARTS]);
+const COMM_KEYS = ["comm_fraction", "comm_time_s", "first_comm_at_s", "busbw_GBps", "algbw_GBps", "busbw_efficiency", "comm_bytes"];
+const TRACE_PARTS = ["prof_comm_time_s", "prof_exposed_comm_s"]; // the sampled steps' figures: one chart
+const SYSTEM = /^(max_rss_bytes$|param_bytes$|optimizer_state_bytes$|cuda_|gpu_|nvml_)/;
+const KIND_BYTES = "comm_bytes_"; // comm_bytes_<kind>: a step's bytes of one collective kind
+
+// A run may log up to TORCHYARD_MAX_METRIC_KEYS (1,000) keys; a page of 1,000 charts (and as many
+// requests) would not draw. The first MAX_KEY_CHARTS of the other keys get a chart; the page says how
+// many did not, and each is one /metrics?key= away.
+export const MAX_KEY_CHARTS = 24;
+export const MAX_LIVE_KEYS = 1000; // keys the live stream may add (it carries what ranks send, before ingest's bound)
+export const MAX_RANK_LINES = 16; // per-rank lines: the first ranks (a 256-rank run is a table, not a chart)
+
+/** The keys that get a chart of their own in "system" or "other", in order. */
+export function otherKeys(keys: string[]): string[] {
+  return keys.filter((k) => !(FOLDED.has(k) || COMM_KEYS.includes(k) || k.startsWith("prof_") || k.startsWith(KIND_BYTES)));
+}
+
+function formatOf(key: string): Format {
+  if (key.endsWith("_bytes")) return "bytes";
+  if (key.endsWith("_fraction")) return "percent";
+  if (key.endsWith("_s")) return "seconds";
+  return "number";
+}
+
+export function chartDefs(keys: string[], shape: RunShape): ChartDef[] {
   const have = new Set(keys);
   const defs: ChartDef[] = [];
-  if (have.has("loss")) defs.push({ id: "loss", title: "Loss (mean over ranks, min–max band)", keys: ["loss"], labels: ["mean", "min", "max"], band: true });
-  if (have.has("samples_per_s"))
-    defs.push({ id: "throughput", title: "Throughput (samples/s, all ranks)", keys: ["samples_per_s"], labels: ["samples/s"], scale: world });
-  const parts = STEP_PARTS.filter((k) => have.has(k));
-  if (parts.length) {
-    const missing = ["compute_time_s", "exposed_comm_s"].filter((k) => !have.has(k));
-    const note = missing.length ? ` — not reported yet: ${missing.join(", ")}` : "";
-    defs.push({ id: "steptime", title: `Step time: compute vs exposed communication (s)${note}`, keys: parts, labels: parts, unit: " s" });
+  const single = (key: string, section: SectionId, title: string, help?: string): void => {
+    if (have.has(key)) defs.push({ id: `key:${key}`, section, title, help, keys: [key], labels: [key], kind: "lines", perRankKey: key, format: formatOf(key) });
+  };
+
+  if (have.has("loss"))
+    defs.push({ id: "loss", section: "training", title: "Loss", help: "mean over ranks; the band is the lowest and highest rank", keys: ["loss"], labels: ["mean", "min", "max"], kind: "band", perRankKey: "loss" });
+  single("lr", "training", "Learning rate");
+
+  const thrHelp = "the global batch over each step's slowest rank's step time (a step ends when its slowest rank does)";
+  if (shape.batch !== null && have.has("step_time_s")) {
+    defs.push({ id: "throughput", section: "speed", title: "Throughput (samples/s)", help: thrHelp, keys: ["step_time_s"], labels: ["samples/s"], kind: "lines", perRankKey: "samples_per_s", throughput: shape.batch });
+    if (shape.seqLen !== null && have.has("tokens_per_s"))
+      defs.push({ id: "tokens", section: "speed", title: "Throughput (tokens/s)", help: thrHelp, keys: ["step_time_s"], labels: ["tokens/s"], kind: "lines", perRankKey: "tokens_per_s", throughput: shape.batch * shape.seqLen });
+  } else {
+    const help = "what the ranks report, added up";
+    for (const [key, unit] of [["samples_per_s", "samples"], ["tokens_per_s", "tokens"]] as const)
+      if (have.has(key)) defs.push({ id: unit === "samples" ? "throughput" : "tokens", section: "speed", title: `Throughput (${unit}/s)`, help, keys: [key], labels: [`${unit}/s`], kind: "lines", perRankKey: key, scale: shape.world });
   }
+  const parts = STEP_PARTS.filter((k) => have.has(k));
+  if (parts.length === STEP_PARTS.length) {
+    defs.push({ id: "steptime", section: "speed", title: "Step time: data, compute, exposed comm (stacked, s)", help: "the parts add up to the step time (mean over ranks); exposed comm is the communication the step waited for", keys: parts, labels: ["exposed comm", "compute", "data"], kind: "stacked", perRankKey: "step_time_s", format: "seconds" });
+  } else if (have.has("step_time_s")) {
+    const missing = STEP_PARTS.filter((k) => !have.has(k));
+    const keys = ["step_time_s", ...parts];
+    defs.push({ id: "steptime", section: "speed", title: `Step time (s) — not reported yet: ${missing.join(", ")}`, keys, labels: keys, kind: "lines", perRankKey: "step_time_s", format: "seconds" });
+  }
+
+  if (DATA_PARTS.every((k) => have.has(k)))
+    defs.push({ id: "datatime", section: "speed", title: "Data time: waiting for the batch, copying it to the device (stacked, s)", help: "the parts add up to data_time_s (mean over ranks): a wait that grows is a loader that does not keep up", keys: DATA_PARTS, labels: ["copy to device", "wait for batch"], kind: "stacked", perRankKey: "data_time_s", format: "seconds" });
+
+  single("comm_fraction", "communication", "Comm fraction", "exposed comm / step time: the share of each step spent waiting for communication");
+  const commTimes = ["comm_time_s", "exposed_comm_s"].filter((k) => have.has(k));
+  if (have.has("comm_time_s"))
+    defs.push({ id: "comm", section: "communication", title: "Exposed vs total comm (s)", help: "total: collectives in flight; exposed: the part the step waited for (not hidden behind compute)", keys: commTimes, labels: commTimes.map((k) => (k === "comm_time_s" ? "total" : "exposed")), kind: "lines", perRankKey: "exposed_comm_s", format: "seconds" });
+  single("first_comm_at_s", "communication", "Arrival at the first collective (s)", "from the step's start to its first collective: a rank that arrives later than the others keeps them waiting (per-rank lines show which)");
+  const bw = ["busbw_GBps", "algbw_GBps"].filter((k) => have.has(k));
+  if (bw.length)
+    defs.push({ id: "busbw", section: "communication", title: "Bandwidth (GB/s)", help: "busbw: nccl-tests' bus bandwidth; algbw: bytes / comm time", keys: bw, labels: bw.map((k) => k.replace("_GBps", "")), kind: "lines", perRankKey: bw[0] });
+  single("busbw_efficiency", "communication", "busbw efficiency", "busbw / the calibrated all-reduce busbw at the step's message size");
+  single("comm_bytes", "communication", "Comm bytes per step");
+  const kinds = keys.filter((k) => k.startsWith(KIND_BYTES)).sort();
+  if (kinds.length)
+    defs.push({ id: "commkinds", section: "communication", title: "Comm bytes per step, by collective", help: "all-reduce, all-gather, reduce-scatter, ...: what each kind of collective moved (mean over ranks)", keys: kinds, labels: kinds.map((k) => k.slice(KIND_BYTES.length).replaceAll("_", "-")), kind: "lines", perRankKey: "comm_bytes", format: "bytes" });
   const traced = TRACE_PARTS.filter((k) => have.has(k));
   if (traced.length)
-    defs.push({ id: "traced", title: "Sampled steps, from the torch.profiler trace: comm vs exposed comm (s)", keys: traced, labels: traced, unit: " s" });
-  for (const k of keys) {
-    if (k === "loss" || k === "samples_per_s" || STEP_PARTS.includes(k) || k.startsWith("prof_")) continue;
-    defs.push({ id: `key:${k}`, title: k, keys: [k], labels: [k] });
-  }
+    defs.push({ id: "traced", section: "communication", title: "Sampled steps, from the torch.profiler trace: comm vs exposed comm (s)", keys: traced, labels: traced, kind: "lines", format: "seconds" });
+
+  for (const k of otherKeys(keys).slice(0, MAX_KEY_CHARTS)) single(k, SYSTEM.test(k) ? "system" : "other", k);
   return defs;
-}
-
-/** Wall time for each step, by linear interpolation over known (step, ts) pairs. */
-/** Load the server's aggregate (mean, min, max per step) into ``into`` as its history; wall times
- * are read from the first rank's (the aggregate has none). */
-export function setHistoryFrom(into: LiveSeries, data: MetricSeries): LiveSeries {
-  const agg = data.aggregate;
-  const r0 = Object.values(data.ranks)[0];
-  into.setHistory(agg.step, interpolate(agg.step, r0?.step ?? [], r0?.ts ?? []), agg.mean, agg.min, agg.max);
-  return into;
-}
-
-export function interpolate(xs: number[], knownX: number[], knownY: number[]): number[] {
-  if (!knownX.length) return xs.map(() => 0);
-  const out = new Array<number>(xs.length);
-  let j = 0;
-  for (let i = 0; i < xs.length; i++) {
-    const x = xs[i] as number;
-    while (j < knownX.length - 2 && (knownX[j + 1] as number) < x) j++;
-    const x0 = knownX[j] as number;
-    const x1 = (knownX[j + 1] ?? x0) as number;
-    const y0 = knownY[j] as number;
-    const y1 = (knownY[j + 1] ?? y0) as number;
-    out[i] = x1 === x0 ? y0 : y0 + ((y1 - y0) * (x - x0)) / (x1 - x0);
-  }
-  return out;
-}
-
-/** Columnar data for one chart: [x, ...ys], x being step or wall time. */
-export function chartData(def: ChartDef, series: Map<string, LiveSeries>, time: boolean): [number[], ...Num[][]] {
-  const first = series.get(def.keys[0] as string);
-  if (!first) return [[], ...def.labels.map(() => [])];
-  if (def.band) return [time ? first.ts.slice() : first.x.slice(), first.y.slice(), first.lo.slice(), first.hi.slice()];
-  if (def.keys.length === 1) {
-    const y = def.scale ? first.y.map((v) => (v === null ? null : v * (def.scale as number))) : first.y.slice();
-    return [time ? first.ts.slice() : first.x.slice(), y];
-  }
-  const parts = def.keys.map((k) => series.get(k) ?? { x: [] as number[], y: [] as Num[], ts: [] as number[] });
-  const aligned = alignSeries(parts.map((s) => ({ x: s.x, y: s.y })));
-  if (!time) return aligned;
-  const tsOf = new Map<number, number>();
-  for (const s of parts) s.x.forEach((x, i) => tsOf.set(x, s.ts[i] as number));
-  const [xs, ...ys] = aligned;
-  return [xs.map((x) => tsOf.get(x) ?? 0), ...ys];
 }
 
 /** Where each later attempt of a run took over, as chart markers: at its first step, or (wall-time

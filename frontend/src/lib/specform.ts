@@ -17,6 +17,8 @@ export interface JsonSchema {
   exclusiveMaximum?: number;
   minLength?: number;
   maxLength?: number;
+  items?: JsonSchema;
+  maxItems?: number;
   properties?: Record<string, JsonSchema>;
   required?: string[];
   oneOf?: JsonSchema[];
@@ -34,6 +36,17 @@ export function resolve(s: JsonSchema, schemas = SCHEMAS): JsonSchema {
 }
 
 export const RUN_SPEC: JsonSchema = SCHEMAS["RunSpec"] ?? {};
+
+/** ``X | None`` in the schema (anyOf [X, null]): X, marked nullable (empty means "the default"). */
+export function nullable(s: JsonSchema, schemas = SCHEMAS): { schema: JsonSchema; nullable: boolean } {
+  const r = resolve(s, schemas);
+  const list = r.anyOf;
+  if (list && list.some((x) => x.type === "null")) {
+    const other = list.find((x) => x.type !== "null") ?? {};
+    return { schema: { ...resolve(other, schemas), description: s.description ?? r.description }, nullable: true };
+  }
+  return { schema: r, nullable: false };
+}
 
 export type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
 export type Obj = { [k: string]: Json };
@@ -99,23 +112,36 @@ export function checkLeaf(s: JsonSchema, value: Json): string | null {
   return null;
 }
 
-/** Every leaf error of `value` under schema `s`, keyed by dotted path. */
+/** Every leaf error of `value` under schema `s`, keyed by dotted path. A field left out (undefined)
+ * takes the server's default: only a required one is an error. */
 export function validate(s: JsonSchema, value: Json, path = "", out: Record<string, string> = {}, schemas = SCHEMAS) {
   const u = variants(s, schemas);
   const obj = (value ?? {}) as Obj;
-  const r = u ? u.options.get(String(obj[u.tag])) : resolve(s, schemas);
+  const { schema: r, nullable: canBeNull } = u ? { schema: u.options.get(String(obj[u.tag])), nullable: false } : nullable(s, schemas);
   if (!r) {
     if (u) out[`${path}.${u.tag}`] = "choose one";
     return out;
   }
   if (r.properties) {
     for (const [k, p] of Object.entries(r.properties)) {
-      validate(p, obj[k] ?? null, path ? `${path}.${k}` : k, out, schemas);
+      const v = obj[k];
+      if (v === undefined && !(r.required ?? []).includes(k)) continue;
+      validate(p, v ?? null, path ? `${path}.${k}` : k, out, schemas);
     }
     return out;
   }
+  if (canBeNull && (value === null || value === "")) return out;
   if (r.type === "object" && typeof value === "string") {
     out[path] = "must be a JSON object";
+    return out;
+  }
+  if (r.type === "array") {
+    if (!Array.isArray(value)) out[path] = "must be a list";
+    else if (r.maxItems !== undefined && value.length > r.maxItems) out[path] = `at most ${r.maxItems} items`;
+    return out;
+  }
+  if (r.type === "boolean") {
+    if (typeof value !== "boolean") out[path] = "must be true or false";
     return out;
   }
   const msg = checkLeaf(r, value);

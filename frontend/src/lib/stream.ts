@@ -1,18 +1,19 @@
 // One run's live stream (SSE). The browser's EventSource reconnects by itself and sends
-// Last-Event-ID, so the server resumes with no gap and no repeat; when the source gives up
+// Last-Event-ID, so the server resumes with no gap and no repeat (what its streams no longer hold
+// comes from the database first, as the same events with the same ids); when the source gives up
 // (the api answered an error while restarting) we open a new one from the last id we saw.
-import type { LogsEvent, MetricsEvent, StateEvent } from "../api/client";
+import type { IngestedEvent, LogsEvent, MetricsEvent, StateEvent } from "../api/client";
 import { setOnline } from "./connection";
+import { TERMINAL } from "./states";
 
 export interface StreamHandlers {
   metrics?: (e: MetricsEvent) => void;
   logs?: (e: LogsEvent) => void;
   state?: (e: StateEvent) => void;
   report?: (e: unknown) => void;
+  ingested?: (e: IngestedEvent) => void;
 }
 
-/** The states a run never leaves (backend/lifecycle.py TERMINAL). */
-export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 
 export class RunStream {
   private source: EventSource | null = null;
@@ -61,6 +62,7 @@ export class RunStream {
     on<MetricsEvent>("metrics", this.handlers.metrics);
     on<LogsEvent>("logs", this.handlers.logs);
     on<unknown>("report", this.handlers.report);
+    on<IngestedEvent>("ingested", this.handlers.ingested);
     on<StateEvent>("state", this.handlers.state, (s) => {
       if (TERMINAL.has(s.status)) this.close(); // the server ends the stream after this
     });

@@ -15,12 +15,14 @@ export interface Rect {
 export interface TimelineRow {
   rank: number;
   label: string;
-  kind: "compute" | "comm";
+  kind: "compute" | "comm" | "copy";
   rects: Rect[];
   dropped: number;
 }
 
-/** Rows for every rank's lanes, ranks in order, compute lanes before comm lanes; widths of at
+const KIND_ORDER = { compute: 0, copy: 1, comm: 2 }; // copies (CUDA memcpy/memset) are neither compute nor comm
+
+/** Rows for every rank's lanes, ranks in order, compute lanes, then copies, then comm; widths of at
  * least ``minW`` (a 3 µs op stays visible on a 30 ms axis). */
 export function timelineRows(data: StepTimelines, minW = 0.002): { rows: TimelineRow[]; axisUs: number } {
   const ranks = Object.keys(data.ranks)
@@ -31,7 +33,7 @@ export function timelineRows(data: StepTimelines, minW = 0.002): { rows: Timelin
   for (const rank of ranks) {
     const t = data.ranks[String(rank)];
     if (!t) continue;
-    const lanes = [...t.lanes].sort((a, b) => (a.kind === b.kind ? a.label.localeCompare(b.label) : a.kind === "compute" ? -1 : 1));
+    const lanes = [...t.lanes].sort((a, b) => KIND_ORDER[a.kind] - KIND_ORDER[b.kind] || a.label.localeCompare(b.label));
     for (const lane of lanes) {
       rows.push({
         rank,

@@ -1,17 +1,30 @@
 import { useEffect, useRef, useState } from "preact/hooks";
 import { api, fetchSeries, ok, type MetricSeries, type Run } from "../api/client";
 import { Chart, PALETTE, type ChartHandle } from "../components/Chart";
+import { ChartControls } from "../components/ChartControls";
 import { Empty, ErrorBox, Loading, StatusBadge, usePoll } from "../components/ui";
-import { alignSeries, lastValue, mean, specTable } from "../lib/data";
-import { fmtNumber, fmtPercent, fmtSI } from "../lib/format";
+import { present, seriesFor, throughput, type Columns } from "../lib/chartdata";
+import { alignSeries, specTable, type Num } from "../lib/data";
+import { fmtBytes, fmtDuration, fmtNumber, fmtPercent, fmtSI } from "../lib/format";
+import { TERMINAL } from "../lib/states";
+import { loadPrefs, savePrefs, type Prefs } from "../lib/prefs";
 import { go, type Route } from "../lib/route";
 import { summary } from "./Runs";
 
 interface Loaded {
   runs: Run[];
   loss: (MetricSeries | null)[];
-  thr: (MetricSeries | null)[];
-  comm: (MetricSeries | null)[];
+  thr: (MetricSeries | null)[]; // step_time_s (samples_per_s for a script: its batch is its own)
+}
+
+/** Each run's throughput per step, by the run page's definition (lib/chartdata.ts throughput). */
+function throughputSeries(run: Run, s: MetricSeries | null): { x: number[]; y: Num[] } {
+  const x = s?.aggregate.step ?? [];
+  if (run.spec.workload.kind === "script") {
+    const world = summary(run).world;
+    return { x, y: (s?.aggregate.mean ?? []).map((v) => (v === null ? null : v * world)) };
+  }
+  return { x, y: throughput(s?.aggregate.max ?? [], run.spec.training?.batch_size ?? 64) };
 }
 
 async function maybe(p: Promise<MetricSeries>): Promise<MetricSeries | null> {
@@ -52,46 +65,52 @@ function Picker({ initial }: { initial: number[] }) {
   );
 }
 
+const MAX_COMPARED = 10; // a strategy comparison queues up to 8 runs
+const REFRESH_MS = 5000; // while a compared run is unfinished, its figures are read again
+
 export function Compare({ route }: { route: Route }) {
   const ids = (route.query.get("ids") ?? "")
     .split(",")
     .map(Number)
     .filter((n) => Number.isInteger(n) && n > 0)
-    .slice(0, 6);
+    .slice(0, MAX_COMPARED);
   const [data, setData] = useState<Loaded | null>(null);
+  const [prefs, setPrefs] = useState<Prefs>(loadPrefs);
   const [error, setError] = useState<unknown>(undefined);
   const lossChart = useRef<ChartHandle | null>(null);
   const thrChart = useRef<ChartHandle | null>(null);
   const key = ids.join(",");
+  const [tick, setTick] = useState(0);
 
   useEffect(() => {
     if (ids.length < 2) return;
-    setData(null);
+    if (tick === 0) setData(null); // a refresh keeps the page as it was until the new figures come
     setError(undefined);
     const px = Math.max(300, Math.floor(window.innerWidth / 2));
     (async () => {
       const runs = await Promise.all(ids.map(async (id) => ok(await api.GET("/api/v1/runs/{run_id}", { params: { path: { run_id: id } } }))));
-      const [loss, thr, comm] = await Promise.all(
-        ["loss", "samples_per_s", "comm_fraction"].map((k) => Promise.all(ids.map((id) => maybe(fetchSeries(id, k, px))))),
-      );
-      setData({ runs, loss: loss ?? [], thr: thr ?? [], comm: comm ?? [] });
+      const [loss, thr] = await Promise.all([
+        Promise.all(ids.map((id) => maybe(fetchSeries(id, "loss", px)))),
+        Promise.all(runs.map((r) => maybe(fetchSeries(r.id, r.spec.workload.kind === "script" ? "samples_per_s" : "step_time_s", px)))),
+      ]);
+      setData({ runs, loss, thr });
     })().catch(setError);
     // eslint-disable-next-line react-hooks/exhaustive-deps
-  }, [key]);
+  }, [key, tick]);
+  const unfinished = data?.runs.some((r) => !TERMINAL.has(r.status)) ?? false;
+  useEffect(() => {
+    if (!unfinished) return;
+    const timer = setTimeout(() => setTick((t) => t + 1), REFRESH_MS);
+    return () => clearTimeout(timer);
+  }, [unfinished, data]);
 
   useEffect(() => {
     if (!data) return;
-    const world = data.runs.map((r) => summary(r).world);
-    lossChart.current?.setData(alignSeries(data.loss.map((s) => ({ x: s?.aggregate.step ?? [], y: s?.aggregate.mean ?? [] }))));
-    thrChart.current?.setData(
-      alignSeries(
-        data.thr.map((s, i) => ({
-          x: s?.aggregate.step ?? [],
-          y: (s?.aggregate.mean ?? []).map((v) => (v === null ? null : v * (world[i] ?? 1))),
-        })),
-      ),
-    );
-  }, [data]);
+    const draw = (chart: ChartHandle | null, lines: { x: number[]; y: Num[] }[]) =>
+      chart?.setData(present("lines", alignSeries(lines) as Columns, prefs).data);
+    draw(lossChart.current, data.loss.map((s) => ({ x: s?.aggregate.step ?? [], y: s?.aggregate.mean ?? [] })));
+    draw(thrChart.current, data.thr.map((s, i) => throughputSeries(data.runs[i] as Run, s)));
+  }, [data, prefs]);
 
   if (ids.length < 2) {
     return (
@@ -108,7 +127,7 @@ export function Compare({ route }: { route: Route }) {
 
   const labels = data.runs.map((r) => `#${r.id} ${r.name}`);
   const rows = specTable(data.runs.map((r) => r.spec));
-  const world = data.runs.map((r) => summary(r).world);
+  const lines = seriesFor("lines", labels, prefs);
   return (
     <section data-testid="compare">
       <div class="page-head">
@@ -126,38 +145,46 @@ export function Compare({ route }: { route: Route }) {
             <tr>
               <th>Run</th>
               <th>Status</th>
-              <th class="num">Mean samples/s</th>
-              <th class="num">Comm fraction</th>
+              <th class="num" title="global batch / the slowest rank's step time, at the last step">Samples/s (last step)</th>
+              <th class="num" title="global batch / mean step time, over the run">Samples/s (mean)</th>
+              <th class="num" title="exposed comm / step time, mean over ranks and steps">Comm fraction (mean)</th>
+              <th class="num" title="bytes a rank's collectives moved per step, mean over ranks and steps">Comm bytes/step</th>
+              <th class="num" title="the highest of any rank: CUDA's max allocated, else the process's max RSS">Peak memory/rank</th>
               <th class="num">Final loss</th>
+              <th class="num">Best loss</th>
+              <th class="num">Wall time</th>
             </tr>
           </thead>
           <tbody>
-            {data.runs.map((r, i) => {
-              const thr = mean(data.thr[i]?.aggregate.mean ?? []);
-              return (
-                <tr>
-                  <td>
-                    <span class="swatch" style={{ background: PALETTE[i % PALETTE.length] }} />
-                    <a href={`#/runs/${r.id}`}>{labels[i]}</a>
-                  </td>
-                  <td>
-                    <StatusBadge status={r.status} />
-                  </td>
-                  <td class="num">{fmtSI(thr === null ? null : thr * (world[i] ?? 1))}</td>
-                  <td class="num">{fmtPercent(mean(data.comm[i]?.aggregate.mean ?? []))}</td>
-                  <td class="num">{fmtNumber(lastValue(data.loss[i]?.aggregate.mean ?? []), 4)}</td>
-                </tr>
-              );
-            })}
+            {data.runs.map((r, i) => (
+              <tr data-run={r.id}>
+                <td>
+                  <span class="swatch" style={{ background: PALETTE[i % PALETTE.length] }} />
+                  <a href={`#/runs/${r.id}`}>{labels[i]}</a>
+                </td>
+                <td>
+                  <StatusBadge status={r.status} />
+                </td>
+                <td class="num" data-testid="last-throughput">{fmtSI(r.samples_per_s)}</td>
+                <td class="num" data-testid="mean-throughput">{fmtSI(r.summary?.mean_samples_per_s)}</td>
+                <td class="num" data-testid="mean-comm">{fmtPercent(r.summary?.mean_comm_fraction)}</td>
+                <td class="num" data-testid="mean-comm-bytes">{fmtBytes(r.summary?.mean_comm_bytes)}</td>
+                <td class="num" data-testid="peak-memory">{fmtBytes(r.summary?.peak_memory_bytes)}</td>
+                <td class="num" data-testid="final-loss">{fmtNumber(r.summary?.final_loss, 4)}</td>
+                <td class="num" data-testid="best-loss">{fmtNumber(r.summary?.best_loss, 4)}</td>
+                <td class="num">{fmtDuration(r.summary?.wall_time_s)}</td>
+              </tr>
+            ))}
           </tbody>
         </table>
       </div>
+      <ChartControls prefs={prefs} onChange={(change) => setPrefs(savePrefs(change))} perRank={false} />
       <div class="charts">
-        <Chart title="Loss (mean over ranks)" series={labels.map((l) => ({ label: l }))} syncKey="compare" testId="compare-loss"
+        <Chart title="Loss (mean over ranks)" series={lines} logY={prefs.logY} syncKey="compare" testId="compare-loss"
           handle={(h) => {
             lossChart.current = h;
           }} />
-        <Chart title="Throughput (samples/s, all ranks)" series={labels.map((l) => ({ label: l }))} syncKey="compare" testId="compare-throughput"
+        <Chart title="Throughput (samples/s)" help="global batch / each step's slowest rank's step time" series={lines} logY={prefs.logY} syncKey="compare" testId="compare-throughput"
           handle={(h) => {
             thrChart.current = h;
           }} />

@@ -1,45 +1,57 @@
 import { useCallback, useEffect, useMemo, useRef, useState } from "preact/hooks";
-import {
-  api,
-  fetchSeries,
-  ok,
-  type LogLine,
-  type LogsEvent,
-  type MetricsEvent,
-  type Run,
-  type RunEvent,
-} from "../api/client";
-import { Chart, PALETTE, type ChartHandle, type SeriesDef } from "../components/Chart";
+import { api, fetchSeries, ok, type IngestedEvent, type LogsEvent, type MetricsEvent, type Run, type RunEvent } from "../api/client";
+import { Chart, type ChartHandle } from "../components/Chart";
+import { ChartControls, Downloads } from "../components/ChartControls";
+import { ChartSections } from "../components/ChartSections";
+import { Diagnosis } from "../components/Diagnosis";
 import { Checkpoints, SampledStep } from "../components/RunCards";
 import { RunHead } from "../components/RunHead";
-import { LogsCard, RankTable, StateHistory, type RankRow } from "../components/RunTables";
+import { LOG_PAGE, LogsCard, readFailureEarly, readTail } from "../components/RunLogs";
+import { RankTable, StateHistory, type RankRow } from "../components/RunTables";
+import { Scaling } from "../components/Scaling";
+import { Stragglers } from "../components/Stragglers";
 import { ErrorBox, Loading } from "../components/ui";
+import { chartData, present, rankData, RANK_BUDGET, seriesFor, setHistoryFrom, setRankHistoryFrom } from "../lib/chartdata";
 import { LiveSeries, lastValue } from "../lib/data";
 import { expose } from "../lib/debug";
+import { LogBuffer } from "../lib/logs";
+import { loadPrefs, savePrefs, type Prefs } from "../lib/prefs";
 import { go } from "../lib/route";
-import { attemptMarks, chartData, chartDefs, setHistoryFrom, type ChartDef } from "../lib/runview";
-import { RunStream, TERMINAL, sinceAgo } from "../lib/stream";
+import { attemptMarks, chartDefs, MAX_KEY_CHARTS, MAX_LIVE_KEYS, MAX_RANK_LINES, otherKeys, type ChartDef, type RunShape } from "../lib/runview";
+import { TERMINAL } from "../lib/states";
+import { RunStream, sinceAgo } from "../lib/stream";
 import { summary } from "./Runs";
 
-const LOG_KEEP = 1000;
 const RANK_KEYS = ["step_time_s", "comm_time_s", "exposed_comm_s", "samples_per_s"];
+const RUN_POLL_MS = 5000; // the run's figures (header) while it is live
 
-// benchmarks/dashboard.py sets window.__tyPerf = [] to collect each redraw's milliseconds.
+// benchmarks/dashboard.py sets window.__tyPerf = [] to collect each redraw's milliseconds, and
+// window.__tyPaint = [] for each redraw's latency: from the newest loss point's own time stamp to
+// the animation frame after the charts drew it (seconds).
 const perf = (window as unknown as { __tyPerf?: number[] }).__tyPerf;
+const paint = (window as unknown as { __tyPaint?: number[] }).__tyPaint;
+
+type RankSeries = Map<string, Map<number, LiveSeries>>; // key → rank → that rank's own series
 
 function chartPx(): number {
   return Math.max(300, Math.floor((Math.min(window.innerWidth, 1800) - 96) / 2));
 }
 
-function seriesDefs(def: ChartDef): SeriesDef[] {
-  if (def.band) {
-    return [
-      { label: def.labels[0] as string, color: PALETTE[0], width: 2 },
-      { label: def.labels[1] as string, color: "#93c5fd", width: 1 },
-      { label: def.labels[2] as string, color: "#93c5fd", width: 1 },
-    ];
-  }
-  return def.labels.map((l, i) => ({ label: l, color: PALETTE[i % PALETTE.length] }));
+function runShape(run: Run): RunShape {
+  const { workload, training } = run.spec;
+  const seqLen = workload.kind === "builtin" && workload.name === "charlm" ? (workload.params?.seq_len ?? 64) : null;
+  return { world: summary(run).world, batch: workload.kind === "script" ? null : (training?.batch_size ?? 64), seqLen };
+}
+
+/** Draw ``def`` one line per rank? Only where it has a per-rank key and the viewer asked. */
+function perRankOf(def: ChartDef, prefs: Prefs): string | null {
+  return prefs.perRank && def.perRankKey ? def.perRankKey : null;
+}
+
+function rankMap(all: RankSeries, key: string): Map<number, LiveSeries> {
+  let m = all.get(key);
+  if (!m) all.set(key, (m = new Map()));
+  return m;
 }
 
 export function RunDetail({ id }: { id: number }) {
@@ -47,49 +59,65 @@ export function RunDetail({ id }: { id: number }) {
   const [error, setError] = useState<unknown>(undefined);
   const [events, setEvents] = useState<RunEvent[]>([]);
   const [keys, setKeys] = useState<string[] | null>(null);
-  const [logs, setLogs] = useState<LogLine[]>([]);
   const [ranks, setRanks] = useState<RankRow[]>([]);
+  const [stored, setStored] = useState<IngestedEvent | null>(null);
+  const [rankIds, setRankIds] = useState<number[]>([]);
   const [time, setTime] = useState(false);
   const [zoom, setZoom] = useState<[number, number] | null>(null);
   const [points, setPoints] = useState(0);
+  const [prefs, setPrefs] = useState<Prefs>(loadPrefs);
+  const [logVersion, setLogVersion] = useState(0);
 
   const series = useRef(new Map<string, LiveSeries>());
+  const rankSeries = useRef<RankSeries>(new Map());
   const charts = useRef(new Map<string, ChartHandle>());
   const rankRef = useRef(new Map<number, RankRow>());
-  const logBuf = useRef<LogLine[]>([]);
+  const logs = useRef(new LogBuffer());
   const dirty = useRef(false);
   const zoomRef = useRef<[number, number] | null>(null);
-  const zoomSeries = useRef<Map<string, LiveSeries> | null>(null); // the server's finer window
+  const zoomSeries = useRef<{ all: Map<string, LiveSeries>; ranks: RankSeries } | null>(null); // the server's finer window
   const keysRef = useRef<string[]>([]);
   const timeRef = useRef(false);
+  const prefsRef = useRef(prefs);
+  const rankIdsRef = useRef<number[]>([]);
   zoomRef.current = zoom;
   timeRef.current = time;
+  prefsRef.current = prefs;
+  rankIdsRef.current = rankIds;
 
-  const world = run ? summary(run).world : 1;
-  const defs = useMemo(() => chartDefs(keys ?? [], world), [keys, world]);
+  const shape = useMemo(() => (run ? runShape(run) : { world: 1, batch: 64, seqLen: null }), [run?.id]); // eslint-disable-line react-hooks/exhaustive-deps
+  const defs = useMemo(() => chartDefs(keys ?? [], shape), [keys, shape]);
+  const hiddenCharts = Math.max(0, otherKeys(keys ?? []).length - MAX_KEY_CHARTS);
   const defsRef = useRef(defs);
   defsRef.current = defs;
 
+  const changePrefs = (change: Partial<Prefs>) => setPrefs(savePrefs(change));
+
   const redraw = useCallback(() => {
     // A zoomed window shows the server's finer data, not the live tail.
-    const source = zoomRef.current ? zoomSeries.current : series.current;
+    const source = zoomRef.current ? zoomSeries.current : { all: series.current, ranks: rankSeries.current };
     if (!source) return;
     const t0 = performance.now();
     for (const def of defsRef.current) {
       const chart = charts.current.get(def.id);
       if (!chart) continue;
-      const data = chartData(def, source, timeRef.current);
-      chart.setData(data);
-      if (def.id === "loss" && data[0].length && !performance.getEntriesByName("ty:loss-drawn").length) {
-        performance.mark("ty:loss-drawn"); // read by benchmarks/dashboard.py
-      }
+      const perRankKey = perRankOf(def, prefsRef.current);
+      const base = perRankKey
+        ? rankData(source.ranks.get(perRankKey) ?? new Map(), rankIdsRef.current, timeRef.current)
+        : chartData(def, source.all, timeRef.current);
+      const { data, shown } = present(perRankKey ? "lines" : def.kind, base, prefsRef.current);
+      chart.setData(data, shown);
     }
     perf?.push(performance.now() - t0);
+    const stamps = source.all.get("loss")?.ts;
+    const newest = stamps?.[stamps.length - 1];
+    if (paint && newest) requestAnimationFrame(() => paint.push(Date.now() / 1000 - newest));
   }, []);
 
   const loadRun = useCallback(async () => {
     const r = ok(await api.GET("/api/v1/runs/{run_id}", { params: { path: { run_id: id } } }));
-    setRun(r);
+    // the live stream may be ahead of the stored last step
+    setRun((prev) => (prev?.id === r.id && prev.last_step > r.last_step ? { ...r, last_step: prev.last_step } : r));
     setEvents(ok(await api.GET("/api/v1/runs/{run_id}/events", { params: { path: { run_id: id } } })));
     return r;
   }, [id]);
@@ -104,6 +132,7 @@ export function RunDetail({ id }: { id: number }) {
             RANK_KEYS.includes(key) && lastStep > 0 ? fetchSeries(id, key, 10, lastStep) : Promise.resolve(null),
           ]);
           series.current.set(key, setHistoryFrom(series.current.get(key) ?? new LiveSeries(), full));
+          setRankHistoryFrom(rankMap(rankSeries.current, key), full, MAX_RANK_LINES);
           for (const [rank, rs] of Object.entries(latest?.ranks ?? {})) {
             const row = rankRef.current.get(Number(rank)) ?? { rank: Number(rank), step: 0, values: {} };
             row.values[key] = lastValue(rs.value);
@@ -123,8 +152,9 @@ export function RunDetail({ id }: { id: number }) {
     let stream: RunStream | null = null;
     let alive = true;
     series.current = new Map();
+    rankSeries.current = new Map();
     rankRef.current = new Map();
-    logBuf.current = [];
+    logs.current = new LogBuffer();
     setRun(null);
     setKeys(null);
     setError(undefined);
@@ -145,11 +175,18 @@ export function RunDetail({ id }: { id: number }) {
         for (const [key, value] of Object.entries(scalars)) {
           let s = series.current.get(key);
           if (!s) {
+            if (keysRef.current.length >= MAX_LIVE_KEYS && !keysRef.current.includes(key)) continue;
             s = new LiveSeries();
             series.current.set(key, s);
             if (!keysRef.current.includes(key)) (fresh ??= []).push(key);
           }
           if (s.add(step, ts, value)) n++;
+          if (e.rank < MAX_RANK_LINES) {
+            const byRank = rankMap(rankSeries.current, key);
+            let own = byRank.get(e.rank);
+            if (!own) byRank.set(e.rank, (own = new LiveSeries(RANK_BUDGET)));
+            own.add(step, ts, value);
+          }
           if (step >= row.step && RANK_KEYS.includes(key)) row.values[key] = value;
         }
         row.step = Math.max(row.step, step);
@@ -161,17 +198,12 @@ export function RunDetail({ id }: { id: number }) {
       }
       if (n) dirty.current = true;
     };
-    const onLogs = (e: LogsEvent) => {
-      const lastTs = logBuf.current.length ? (logBuf.current[logBuf.current.length - 1] as LogLine).ts : 0;
-      for (const [rank, ts, text] of e.lines) {
-        if (ts > lastTs) logBuf.current.push({ id: 0, attempt: e.attempt, rank, ts, text });
-      }
-      if (logBuf.current.length > LOG_KEEP) logBuf.current.splice(0, logBuf.current.length - LOG_KEEP);
-    };
+    const onLogs = (e: LogsEvent) => logs.current.append(e.lines.map(([rank, ts, text]) => ({ id: 0, attempt: e.attempt, rank, ts, text })));
 
     (async () => {
       try {
         const r = await loadRun();
+        if (r.status === "failed") readFailureEarly(id);
         const live = !TERMINAL.has(r.status);
         // Start the live stream a minute back (before the history is read), so nothing falls
         // between the two; points the history already holds are dropped by step.
@@ -179,10 +211,12 @@ export function RunDetail({ id }: { id: number }) {
           stream = new RunStream(id, sinceAgo(60), {
             metrics: onMetrics,
             logs: onLogs,
+            ingested: setStored,
             state: () => {
-              void loadRun().then((nr) => {
-                if (TERMINAL.has(nr.status)) void loadHistory(keysRef.current, nr.last_step);
-              });
+              // the api may be going away as the event arrives: the banner says so, the next poll reads it
+              loadRun()
+                .then((nr) => (TERMINAL.has(nr.status) ? loadHistory(keysRef.current, nr.last_step) : undefined))
+                .catch(() => undefined);
             },
           });
         }
@@ -190,8 +224,7 @@ export function RunDetail({ id }: { id: number }) {
         if (!alive) return;
         keysRef.current = [...new Set([...k, ...keysRef.current])].sort();
         setKeys(keysRef.current);
-        const lines = ok(await api.GET("/api/v1/runs/{run_id}/logs", { params: { path: { run_id: id }, query: { limit: 10000 } } }));
-        logBuf.current = [...lines.slice(-LOG_KEEP), ...logBuf.current.filter((l) => l.ts > (lines[lines.length - 1]?.ts ?? 0))];
+        logs.current.setTail(await readTail(id), LOG_PAGE); // the end of the log: a failure's traceback
         await loadHistory(keysRef.current, r.last_step);
       } catch (e) {
         if (alive) setError(e);
@@ -210,8 +243,13 @@ export function RunDetail({ id }: { id: number }) {
     frame = requestAnimationFrame(tick);
     const slow = window.setInterval(() => {
       setRanks([...rankRef.current.values()].sort((a, b) => a.rank - b.rank));
-      setLogs(logBuf.current.slice());
+      // the progress follows the live stream, not only the run as first read
+      const newest = Math.max(0, ...[...rankRef.current.values()].map((row) => row.step));
+      setRun((r) => (r && newest > r.last_step ? { ...r, last_step: newest } : r));
+      setLogVersion(logs.current.version);
       setPoints(series.current.get("loss")?.length ?? 0);
+      const seen = [...new Set([...rankSeries.current.values()].flatMap((m) => [...m.keys()]))].sort((a, b) => a - b);
+      if (seen.join() !== rankIdsRef.current.join()) setRankIds(seen);
     }, 400);
     return () => {
       alive = false;
@@ -223,10 +261,18 @@ export function RunDetail({ id }: { id: number }) {
     };
   }, [id, loadRun, loadHistory, redraw]);
 
-  // New charts (keys, x mode) start empty: fill them now.
+  // While the run is live its figures (the header) are read again every few seconds.
+  const live = run !== null && !TERMINAL.has(run.status);
+  useEffect(() => {
+    if (!live) return;
+    const timer = window.setInterval(() => void loadRun().catch(() => undefined), RUN_POLL_MS);
+    return () => window.clearInterval(timer);
+  }, [live, loadRun]);
+
+  // New charts (keys, x mode, view settings) start empty: fill them now.
   useEffect(() => {
     dirty.current = true;
-  }, [defs, time]);
+  }, [defs, time, prefs, rankIds]);
 
   const onZoom = useCallback(
     async (a: number, b: number) => {
@@ -247,15 +293,17 @@ export function RunDetail({ id }: { id: number }) {
       zoomRef.current = [lo, hi];
       zoomSeries.current = null;
       const px = chartPx();
-      const all = [...new Set(defsRef.current.flatMap((d) => d.keys))];
-      const windowSeries = new Map<string, LiveSeries>();
+      const wanted = [...new Set(defsRef.current.flatMap((d) => [...d.keys, ...(d.perRankKey ? [d.perRankKey] : [])]))];
+      const window_ = { all: new Map<string, LiveSeries>(), ranks: new Map() as RankSeries };
       await Promise.all(
-        all.map(async (key) => {
-          windowSeries.set(key, setHistoryFrom(new LiveSeries(Infinity), await fetchSeries(id, key, px, lo, hi)));
+        wanted.map(async (key) => {
+          const got = await fetchSeries(id, key, px, lo, hi);
+          window_.all.set(key, setHistoryFrom(new LiveSeries(Infinity), got));
+          setRankHistoryFrom(rankMap(window_.ranks, key), got, MAX_RANK_LINES);
         }),
       );
       if (zoomRef.current?.[0] !== lo || zoomRef.current?.[1] !== hi) return;
-      zoomSeries.current = windowSeries;
+      zoomSeries.current = window_;
       redraw();
     },
     [id, redraw],
@@ -272,6 +320,35 @@ export function RunDetail({ id }: { id: number }) {
   if (!run) return <Loading what={`Loading run ${id}`} />;
 
   const active = !TERMINAL.has(run.status);
+  const marks = attemptMarks(run.attempts ?? [], time);
+
+  const chart = (def: ChartDef) => {
+    const perRankKey = perRankOf(def, prefs);
+    const labels = perRankKey ? rankIds.map((r) => `rank ${r}`) : def.labels;
+    const downloads = [...new Set([...def.keys, ...(def.perRankKey ? [def.perRankKey] : [])])].filter((k) => keys?.includes(k));
+    return (
+      <Chart
+        key={def.id}
+        title={perRankKey && perRankKey !== def.keys[0] ? `${def.title} — per rank: ${perRankKey}` : def.title}
+        help={def.help}
+        series={seriesFor(perRankKey ? "lines" : def.kind, labels, prefs)}
+        time={time}
+        logY={prefs.logY}
+        format={def.format}
+        syncKey={`run-${id}`}
+        onZoom={onZoom}
+        marks={marks}
+        testId={`chart-${def.id.replace(/[^a-z0-9_-]/gi, "_")}`}
+        drawnMark={def.id === "loss" ? "ty:loss-drawn" : undefined}
+        actions={<Downloads runId={id} keys={downloads} />}
+        handle={(h) => {
+          if (h) charts.current.set(def.id, h);
+          else charts.current.delete(def.id);
+          dirty.current = true;
+        }}
+      />
+    );
+  };
 
   return (
     <section class="run-detail" data-testid="run-detail">
@@ -286,6 +363,7 @@ export function RunDetail({ id }: { id: number }) {
             Wall time
           </button>
         </div>
+        <ChartControls prefs={prefs} onChange={changePrefs} perRank={shape.world > 1} />
         {zoom ? (
           <span>
             Steps {zoom[0].toLocaleString("en-US")}–{zoom[1].toLocaleString("en-US")}{" "}
@@ -294,7 +372,7 @@ export function RunDetail({ id }: { id: number }) {
             </button>
           </span>
         ) : (
-          <span class="muted">Drag across a chart to zoom; the server sends the finer window.</span>
+          <span class="muted">Drag across a chart to zoom.</span>
         )}
         <span class="muted right" data-testid="loss-points" data-points={points}>
           {active ? "live" : "final"}
@@ -306,40 +384,35 @@ export function RunDetail({ id }: { id: number }) {
       ) : defs.length === 0 ? (
         <div class="state state-empty">No metrics yet{active ? ": charts appear with the first step." : "."}</div>
       ) : (
-        <div class="charts">
-          {defs.map((def) => (
-            <Chart
-              key={`${def.id}:${def.labels.join(",")}`}
-              title={def.title}
-              series={seriesDefs(def)}
-              time={time}
-              syncKey={`run-${id}`}
-              unit={def.unit}
-              onZoom={onZoom}
-              marks={attemptMarks(run?.attempts ?? [], time)}
-              testId={`chart-${def.id.replace(/[^a-z0-9_-]/gi, "_")}`}
-              handle={(h) => {
-                if (h) charts.current.set(def.id, h);
-                else charts.current.delete(def.id);
-                dirty.current = true;
-              }}
-            />
-          ))}
-        </div>
+        <>
+          {hiddenCharts > 0 && (
+            <div class="muted" data-testid="hidden-charts">
+              {hiddenCharts} more metric keys are not charted here (the first {MAX_KEY_CHARTS} are): read them with
+              GET /api/v1/runs/{id}/metrics?key=…
+            </div>
+          )}
+          <ChartSections
+            defs={defs}
+            collapsed={prefs.collapsed}
+            onToggle={(section, fold) => changePrefs({ collapsed: { ...prefs.collapsed, [section]: fold } })}
+            chart={chart}
+          />
+        </>
       )}
 
       <div class="two">
-        <RankTable ranks={ranks} keys={keys ?? []} />
+        <RankTable ranks={ranks} keys={keys ?? []} stored={active ? stored : null} />
         <StateHistory events={events} />
       </div>
 
+      {shape.world > 1 ? <Stragglers id={id} active={active} status={run.status} /> : null}
+      {shape.world > 1 && !active ? <Scaling id={id} status={run.status} /> : null}
+      <Diagnosis id={id} status={run.status} />
       <Checkpoints id={id} active={active} status={run.status} />
 
-      {(run.spec as { training?: { profile_every?: number } }).training?.profile_every ? (
-        <SampledStep id={id} active={active} status={run.status} />
-      ) : null}
+      {run.spec.training?.profile_every ? <SampledStep id={id} active={active} status={run.status} /> : null}
 
-      <LogsCard lines={logs} active={active} />
+      <LogsCard runId={id} buffer={logs.current} version={logVersion} active={active} failed={run.status === "failed"} />
 
       <div class="card">
         <h2>Spec</h2>

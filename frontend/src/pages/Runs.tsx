@@ -3,30 +3,29 @@ import { api, ok, type Run } from "../api/client";
 import { Empty, ErrorBox, Loading, Progress, StatusBadge, usePoll } from "../components/ui";
 import { fmtAge, fmtDuration, fmtPercent, fmtSI, parseTime } from "../lib/format";
 import { go } from "../lib/route";
+import { RUN_STATES } from "../lib/states";
 
-const STATES = ["queued", "scheduled", "running", "restarting", "cancelling", "succeeded", "failed", "cancelled"];
 const PAGE = 20;
 
 type SortKey = "id" | "name" | "status" | "progress" | "throughput" | "comm" | "age" | "duration";
 
 export interface RunSummary {
-  steps: number;
+  steps: number | null;
   strategy: string;
   shape: string;
   world: number;
 }
 
+/** What the list, the run page and compare show of a run's spec. A script does its own
+ * parallelism and training loop: no strategy, and its steps are unknown (null) until it logs them. */
 export function summary(run: Run): RunSummary {
-  const spec = run.spec as {
-    strategy?: { kind?: string };
-    resources?: { nodes?: number; procs_per_node?: number };
-    training?: { steps?: number };
-  };
-  const nodes = spec.resources?.nodes ?? 1;
-  const procs = spec.resources?.procs_per_node ?? 1;
+  const { workload, strategy, resources, training } = run.spec;
+  const nodes = resources?.nodes ?? 1;
+  const procs = resources?.procs_per_node ?? 1;
+  const script = workload.kind === "script";
   return {
-    steps: spec.training?.steps ?? 0,
-    strategy: spec.strategy?.kind ?? "—",
+    steps: script ? null : (training?.steps ?? 0),
+    strategy: script ? "script" : (strategy?.kind ?? "ddp"),
     shape: `${nodes} × ${procs}`,
     world: nodes * procs,
   };
@@ -46,7 +45,7 @@ function sortValue(run: Run, key: SortKey): number | string {
     case "status":
       return run.status;
     case "progress":
-      return run.last_step / Math.max(1, summary(run).steps);
+      return run.last_step / Math.max(1, summary(run).steps ?? run.last_step);
     case "throughput":
       return run.samples_per_s ?? -1;
     case "comm":
@@ -146,7 +145,7 @@ export function Runs() {
         >
           <option value="">All states</option>
           <option value="queued,scheduled,running,restarting,cancelling">Active</option>
-          {STATES.map((s) => (
+          {RUN_STATES.map((s) => (
             <option value={s}>{s}</option>
           ))}
         </select>
@@ -209,7 +208,9 @@ export function Runs() {
                     <td class="progress-cell">
                       <Progress value={run.last_step} total={s.steps} />
                     </td>
-                    <td class="num">{fmtSI(run.samples_per_s)}</td>
+                    <td class="num" data-testid="throughput" title="global batch / the slowest rank's step time, at the last step">
+                      {fmtSI(run.samples_per_s)}
+                    </td>
                     <td class="num">{fmtPercent(run.comm_fraction)}</td>
                     <td class="muted">{fmtAge(run.created_at)}</td>
                     <td>{fmtDuration(duration(run))}</td>

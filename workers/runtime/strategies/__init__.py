@@ -15,30 +15,48 @@ from workers.runtime.workloads import Workload
 
 
 def build(
-    spec: specs.RunSpec, workload: Workload, device: torch.device, timer: CommTimer | None, ddp_logging: bool = False
+    spec: specs.RunSpec,
+    workload: Workload,
+    device: torch.device,
+    timer: CommTimer | None,
+    ddp_logging: bool = False,
+    slow_peer_s: float = 0.0,
 ) -> Strategy:
-    """The strategy ``spec.strategy`` names, wrapped around ``workload`` on the default process group."""
+    """The strategy ``spec.strategy`` names, wrapped around ``workload`` on the default process group.
+    ``ddp_logging`` and ``slow_peer_s`` are for tests (DDP's own timers every step; a late last rank)."""
     s, lr = spec.strategy, spec.training.lr
-    if isinstance(s, specs.DdpStrategy):
+    if isinstance(s, specs.DdpConfig):
         from workers.runtime.strategies.ddp import DdpStrategy
 
-        return DdpStrategy(s, workload, device, timer, lr, ddp_logging=ddp_logging)
-    if isinstance(s, specs.ZeroStrategy):
+        return DdpStrategy(s, workload, device, timer, lr, ddp_logging=ddp_logging, slow_peer_s=slow_peer_s)
+    if isinstance(s, specs.ZeroConfig):
         from workers.runtime.strategies.zero import ZeroStrategy
 
         return ZeroStrategy(workload, device, timer, lr)
-    if isinstance(s, specs.LocalSgdStrategy):
+    if isinstance(s, specs.LocalSgdConfig):
         from workers.runtime.strategies.local_sgd import LocalSgdStrategy
 
         return LocalSgdStrategy(s, workload, device, timer, lr)
-    if isinstance(s, specs.FsdpStrategy):
+    if isinstance(s, specs.FsdpConfig):
         from workers.runtime.strategies.fsdp import FsdpStrategy
 
         return FsdpStrategy(s, workload, device, timer, lr)
-    if isinstance(s, specs.PipelineStrategy):
+    if isinstance(s, specs.TpConfig):
+        from workers.runtime.strategies.tp import TpStrategy
+
+        return TpStrategy(s, workload, device, timer, lr)
+    if isinstance(s, specs.FsdpTpConfig):
+        from workers.runtime.strategies.tp import FsdpTpStrategy
+
+        return FsdpTpStrategy(s, workload, device, timer, lr)
+    if isinstance(s, specs.PipelineConfig):
         from workers.runtime.strategies.pipeline import PipelineStrategy
 
         return PipelineStrategy(s, spec, workload, device, timer, lr)
+    if isinstance(s, specs.AsyncConfig):
+        from workers.runtime.strategies.async_ps import AsyncStrategy
+
+        return AsyncStrategy(s, spec.training, workload, device, timer, lr)
     raise ValueError(f"unknown strategy {s.kind!r}")
 
 

@@ -19,13 +19,13 @@ thread, in order, and the default buckets are kept.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.autograd import Variable
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
@@ -44,20 +44,34 @@ def as_hook(fn: Hook) -> Hook:
     return fn
 
 
+def _slow_peer(hook: Hook, delay_s: float, timer: CommTimer) -> Hook:
+    """Tests: this rank joins the last bucket's all-reduce ``delay_s`` late on even steps, before its
+    own timer starts. Its peers wait for it inside the collective itself, so the delay shows only in
+    their comm figures, through the real wait: the proof that comm and exposed time are measured."""
+
+    def late(state: Any, bucket: Any) -> torch.futures.Future[Tensor]:
+        if bucket.is_last() and timer.step % 2 == 0:
+            time.sleep(delay_s)
+        return hook(state, bucket)
+
+    return as_hook(late)
+
+
 class DdpStrategy(Strategy):
     kind = "ddp"
 
     def __init__(
         self,
-        cfg: specs.DdpStrategy | None,
+        cfg: specs.DdpConfig | None,
         workload: Workload,
         device: torch.device,
         timer: CommTimer | None,
         lr: float,
         ddp_logging: bool = False,
+        slow_peer_s: float = 0.0,
     ) -> None:
         super().__init__(workload, device, timer, lr)
-        self.cfg = cfg or specs.DdpStrategy(kind="ddp")
+        self.cfg = cfg or specs.DdpConfig(kind="ddp")
         module = workload.model.to(device)
         cuda = device.type == "cuda"
         grad_mb = sum(tensor_bytes(p) for p in module.parameters()) / 2**20
@@ -72,7 +86,15 @@ class DdpStrategy(Strategy):
         if ddp_logging:
             self.ddp._set_ddp_runtime_logging_sample_rate(1)
         state, hook, nbytes = self.make_hook()
-        self.ddp.register_comm_hook(state, self.timed(hook, nbytes) if timer else hook)
+        # untimed, torch's all-reduce hook is DDP's built-in C++ all-reduce (the same averaging,
+        # without a Python call per bucket and a Python callback per future): what an unmodified
+        # script runs, so the bare baseline the overhead benchmark holds the instrumentation to
+        self.builtin_allreduce = timer is None and hook is default_hooks.allreduce_hook
+        if not self.builtin_allreduce:
+            hook = self.timed(hook, nbytes) if timer else hook
+            if slow_peer_s and timer and dist.get_rank() == dist.get_world_size() - 1:
+                hook = _slow_peer(hook, slow_peer_s, timer)
+            self.ddp.register_comm_hook(state, hook)
         self.optimizer = self.make_optimizer()
 
     def make_optimizer(self) -> torch.optim.Optimizer:
@@ -115,12 +137,8 @@ class DdpStrategy(Strategy):
         assert timer is not None
 
         def timed_hook(state: Any, bucket: Any) -> torch.futures.Future[Tensor]:
-            start = timer.now()
-            last = bucket.is_last()
-            if last:  # backward compute ends when the autograd engine runs its final callbacks (as DDP's)
-                Variable._execution_engine.queue_callback(lambda: timer.expose_tail(timer.now()))
-            size = nbytes(state, bucket)
-            return timer.track(ALL_REDUCE, size, start, hook(state, bucket), inject=last)
+            start, _last = timer.begin_bucket(bucket)
+            return timer.track(ALL_REDUCE, nbytes(state, bucket), start, hook(state, bucket))
 
         return as_hook(timed_hook)
 

@@ -28,7 +28,7 @@ class LocalSgdStrategy(DdpStrategy):
     kind = "local_sgd"
 
     def __init__(
-        self, cfg: specs.LocalSgdStrategy, workload: Workload, device: torch.device, timer: CommTimer | None, lr: float
+        self, cfg: specs.LocalSgdConfig, workload: Workload, device: torch.device, timer: CommTimer | None, lr: float
     ) -> None:
         self.local = cfg
         super().__init__(None, workload, device, timer, lr)

@@ -57,35 +57,31 @@ class _CharStage(nn.Module):
         return self.head(self.norm(h)) if self.last else h
 
 
-def stage_modules(model: nn.Module, stages: int) -> list[nn.Module]:
-    """The model cut into ``stages`` modules of whole layers (see ``torchyard.spec.pipeline_blocks``)."""
+def stage_modules(model: nn.Module, stages: int, blocks: int) -> list[nn.Module]:
+    """The model cut into ``stages`` modules of whole layers. ``blocks``, how many whole layers the
+    model has, comes from the spec's one rule (``torchyard.spec.pipeline_blocks``), which also
+    refused any split that cannot work at submit; the model's own structure must agree with it."""
     if isinstance(model, nn.Sequential):
-        children = list(model)
-        blocks: list[list[nn.Module]] = []
-        for child in children:  # a Linear starts a block; activations join the block before them
-            if isinstance(child, nn.Linear) or not blocks:
-                blocks.append([child])
+        layers: list[list[nn.Module]] = []
+        for child in model:  # a Linear starts a block; activations join the block before them
+            if isinstance(child, nn.Linear) or not layers:
+                layers.append([child])
             else:
-                blocks[-1].append(child)
-        if stages > len(blocks):
-            raise ValueError(f"stages ({stages}) exceed the model's {len(blocks)} layers")
-        return [nn.Sequential(*(m for b in r for m in blocks[b])) for r in _split(len(blocks), stages)]
+                layers[-1].append(child)
+        assert len(layers) == blocks, f"the model has {len(layers)} blocks, the spec's rule says {blocks}"
+        return [nn.Sequential(*(m for b in r for m in layers[b])) for r in _split(blocks, stages)]
     if isinstance(model, CharTransformer):
-        n = len(model.blocks.layers)
-        if stages > n:
-            raise ValueError(f"stages ({stages}) exceed the model's {n} transformer layers")
-        runs = _split(n, stages)
-        return [_CharStage(model, r, i == 0, i == stages - 1) for i, r in enumerate(runs)]
+        assert len(model.blocks.layers) == blocks, f"{len(model.blocks.layers)} layers, the spec's rule says {blocks}"
+        return [_CharStage(model, r, i == 0, i == stages - 1) for i, r in enumerate(_split(blocks, stages))]
     raise ValueError(f"a {type(model).__name__} does not split into pipeline stages")
 
 
 class PipelineStrategy(Strategy):
     kind = "pipeline"
-    data_parallel = False
 
     def __init__(
         self,
-        cfg: specs.PipelineStrategy,
+        cfg: specs.PipelineConfig,
         spec: specs.RunSpec,
         workload: Workload,
         device: torch.device,
@@ -96,7 +92,7 @@ class PipelineStrategy(Strategy):
         self.cfg = cfg
         rank, world = dist.get_rank(), dist.get_world_size()
         self.rank, self.stages = rank, world
-        module = stage_modules(workload.model, world)[rank].to(device)
+        module = stage_modules(workload.model, world, specs.pipeline_blocks(spec.workload))[rank].to(device)
         self.model = module
         self.stage = PipelineStage(module, rank, world, device)
         assert workload.criterion is not None, f"workload {workload.name} has no criterion for a pipeline"
@@ -120,6 +116,9 @@ class PipelineStrategy(Strategy):
                 schedules_module._batch_p2p = original
 
             self._undo.append(undo)
+
+    def data_shard(self, rank: int, world: int) -> tuple[int, int]:
+        return 0, 1  # the first stage feeds the inputs of the whole global batch, the last its targets
 
     def train_step(self, batch: Batch) -> Tensor | None:
         assert self.optimizer is not None

@@ -1,0 +1,158 @@
+"""The live stream of a run (Server-Sent Events): its platform and rank streams merged in id order,
+each event's id a cursor over both (``torchyard.streams``), what ingest trimmed from them read back
+from the database (``backend/replay.py``) so a resume from any id has no gap and no repeat, a quota
+of open streams per token given back however a stream ends, and the caller's credential re-checked
+while it stays open."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+import anyio
+from fastapi import HTTPException, Request, status
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
+
+from backend import livefeed
+from backend.db import get_sessionmaker
+from backend.deps import Caller, get_async_redis
+from backend.models import Token
+from backend.security import live_session
+from torchyard import streams
+from torchyard.settings import get_settings
+
+
+def open_stream(request: Request, run_id: int, start: str, finished: bool, caller: Caller) -> StreamingResponse:
+    """The response that relays the run's events from ``start`` (a checked cursor, or "$"); a 429
+    when the caller's token already holds its quota of live streams in this process."""
+    token_id = caller.token.id
+    limit = get_settings().max_streams_per_token
+    if _open_streams[token_id] >= limit:
+        raise HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            f"token {caller.token.name!r} already has {limit} live streams open here "
+            "(TORCHYARD_MAX_STREAMS_PER_TOKEN): close one first",
+        )
+    _open_streams[token_id] += 1
+    return _LiveStream(
+        _sse(request, run_id, start, finished, token_id, caller.session_hash),
+        release=lambda: _open_streams.subtract([token_id]),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+# Live streams each token holds open in this api process (each holds a Redis connection).
+_open_streams: Counter[int] = Counter()
+
+
+class _LiveStream(StreamingResponse):
+    """Gives the stream's quota back however the response ends: the run ended, the client went
+    away (Starlette then cancels the send loop, and a cancelled generator's own ``finally`` may
+    never get past its first ``await``), an error, or a generator that never started. Closing
+    the generator here runs its ``finally`` (the Redis connection) at once instead of at
+    garbage collection."""
+
+    def __init__(self, content: AsyncGenerator[bytes], release: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._generator, self._release = content, release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+            with anyio.CancelScope(shield=True):
+                await self._generator.aclose()
+
+
+def figures() -> dict[str, int]:
+    """This api process's live streams, shared feeds, viewers on them, and viewers ever left behind."""
+    return {
+        "streams": sum(_open_streams.values()),
+        "feeds": len(livefeed.feeds),
+        "feed_viewers": sum(len(feed.viewers) for feed in list(livefeed.feeds.values())),
+        "left_behind": livefeed.feed_figures["left_behind"],
+    }
+
+
+async def _sse(
+    request: Request, run_id: int, start: str, finished: bool, token_id: int, session_hash: str | None
+) -> AsyncGenerator[bytes]:
+    client = get_async_redis()
+    feed: livefeed.Feed | None = None
+    queue: asyncio.Queue[list[livefeed.Event] | None] | None = None
+    try:
+        # Per stream, the last entry sent (what event ids carry: a resume starts there); how far it
+        # has been read (``reader.read``) may be further: past entries never sent (a rank's entry
+        # of a type ranks may not write) and past a trimmed stretch the database had nothing of.
+        sent = list(
+            await livefeed.start_cursor(client, (streams.run_stream(run_id), streams.rank_stream(run_id)), start)
+        )
+        reader = livefeed.Reader(client, run_id, list(sent), finished)
+        shared = get_settings().live_shared_feed
+        yield b"retry: 1000\n\n"
+        next_check = time.monotonic() + livefeed.RECHECK_S
+        last_told: bytes | None = None
+        joining = False  # joined a shared reader, still reading on our own until at the head again
+        while not reader.done and not await request.is_disconnected():
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + livefeed.RECHECK_S
+                if not await run_in_threadpool(_still_allowed, token_id, session_hash):
+                    return  # token revoked or session ended: the browser's reconnect gets its 401
+            if queue is None or joining:
+                events, at_head, idle = await reader.next()
+                if queue is None and at_head and shared and not reader.finished:
+                    # Joined, it reads on its own once more (and on, until at the head again): the
+                    # shared reader may have sent entries after our read before we joined, and
+                    # this read's clock is later than the one it read them under, so they are in
+                    # it. Then its events past ours (the filter below) follow on in the one order.
+                    feed, queue = livefeed.Feed.join(run_id, reader.read)
+                    joining = True
+                elif joining and at_head:
+                    joining = False
+            else:
+                try:
+                    got, idle = await asyncio.wait_for(queue.get(), livefeed.RECHECK_S), False
+                except TimeoutError:
+                    got, idle = [], True
+                if got is livefeed.FEED_END:
+                    assert feed is not None
+                    feed.leave(queue)
+                    feed = queue = None  # read on our own from where we are
+                    continue
+                events = [event for event in got if reader.fresh(event)]
+                for event in events:
+                    reader.apply(event)
+            if idle and not reader.finished:
+                yield b": keep-alive\n\n"
+            for event in events:
+                if event.body is None:
+                    continue
+                if event.index is None:
+                    if event.body != last_told:  # the same word of ingest, from our read and then the feed's
+                        yield event.body
+                    last_told = event.body
+                    continue
+                sent[event.index] = event.entry_id
+                yield b"id: " + streams.format_cursor(*sent).encode() + b"\n" + event.body
+    finally:
+        if feed is not None and queue is not None:
+            feed.leave(queue)
+        with anyio.CancelScope(shield=True):  # a cancelled task's await would raise again at once
+            await client.aclose()
+
+
+def _still_allowed(token_id: int, session_hash: str | None) -> bool:
+    """Whether a live stream's caller may still read: its browser session is live, or (a bearer
+    header) its token is not revoked."""
+    with get_sessionmaker()() as session:
+        if session_hash is not None:
+            return live_session(session, session_hash) is not None
+        token = session.get(Token, token_id)
+        return token is not None and token.revoked_at is None

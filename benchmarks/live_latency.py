@@ -1,0 +1,129 @@
+"""Live latency (prints figures; not a test): from a rank's ``torchyard.log()`` to the point
+arriving at SSE clients of ``/api/v1/runs/{id}/stream``, on a whole stack (api, ingest, worker,
+Redis: real processes, SQLite).
+
+    python -m benchmarks.live_latency [--rate 1000 --rate 10000] [--viewers 1 --viewers 100] [--seconds 8]
+
+A script run of 2 ranks logs ``--keys`` scalars per step, paced so that the ranks together log
+``--rate`` points a second. For each viewer count, that many clients hold the run's live stream
+open in one asyncio process; up to ``MEASURED`` of them time every point they receive against the
+time ``log()`` stamped on it (the same clock: one machine), the rest read and discard, as idle
+browsers would. Prints points/s received per measured viewer (bytes/s drained by the others) and
+latency p50/p90/p99/max, with the run's viewers sharing one reader (the default), and for the most
+viewers also with a reader per viewer (the baseline). Goals (issue 13): p50 ≤ 30 ms and p99 ≤ 100 ms
+at 10,000 points/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks.percentiles import pct
+from testkit.stack import RunningStack, sqlite_stack
+
+MEASURED = 4  # viewers that parse and time every event (parsing at 100 viewers would measure this process)
+SCRIPT = """
+import os, time, torchyard
+rate, keys, seconds = {rate}, {keys}, {seconds}
+steps_per_s = rate / keys / int(os.environ["WORLD_SIZE"])  # the ranks together log `rate` points/s
+start = time.time()
+step = 0
+while time.time() - start < seconds:
+    step += 1
+    torchyard.log(step, **{{f"k{{i}}": float(step) for i in range(keys)}})
+    ahead = step / steps_per_s - (time.time() - start)
+    if ahead > 0:
+        time.sleep(ahead)
+torchyard.flush(30)
+"""
+
+
+async def view(client: httpx.AsyncClient, run_id: int, measure: bool, until: float, out: list[float]) -> int:
+    """Holds the run's stream open until ``until``. A measured viewer times each point it receives
+    into ``out`` and returns the points; the others only drain the bytes (returned), as idle
+    browsers would: parsing 100 streams in this one process would measure this process."""
+    received = 0
+    async with client.stream("GET", f"/api/v1/runs/{run_id}/stream", params={"since": "$"}) as response:
+        response.raise_for_status()
+        if not measure:
+            async for chunk in response.aiter_raw():
+                received += len(chunk)
+                if time.time() > until:
+                    break
+            return received
+        event = ""
+        async for line in response.aiter_lines():
+            now = time.time()
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: ") and event == "metrics":
+                points = json.loads(line[6:])["points"]
+                out.extend(now - ts for _, ts, values in points for _ in values)
+                received += sum(len(values) for _, _, values in points)
+            if now > until:
+                break
+    return received
+
+
+async def watch(stack: RunningStack, run_id: int, viewers: int, seconds: float) -> tuple[list[float], list[int]]:
+    """Each measured viewer's latencies, and what each viewer received (points, or bytes for the idle ones)."""
+    latencies: list[float] = []
+    # One client, a connection per viewer: a client each cost ~0.1 s of CPU to make (its TLS
+    # context), and 100 of them held the viewers' first bytes back 10 s.
+    headers = {"Authorization": f"Bearer {stack.token}"}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=stack.url, headers=headers, timeout=None, limits=limits) as client:
+        until = time.time() + seconds
+        counts = await asyncio.gather(*(view(client, run_id, i < MEASURED, until, latencies) for i in range(viewers)))
+    return latencies, list(counts)
+
+
+def one(stack: RunningStack, rate: int, viewers: int, keys: int, seconds: float) -> str:
+    script = SCRIPT.format(rate=rate, keys=keys, seconds=seconds + 6)
+    run = stack.client.submit_script(f"live-{rate}-{viewers}", "paced.py", script, procs=2)
+    stack.client.wait_status(run["id"], {"running"}, timeout=120)
+    time.sleep(2)  # the ranks' start-up (import, rendezvous): measured points are steady-state ones
+    latencies, counts = asyncio.run(watch(stack, run["id"], viewers, seconds))
+    # settles the run before the next one: its 2 slots come back
+    stack.client.wait_status(run["id"], {"succeeded"}, timeout=seconds + 120)
+    ms = [s * 1000 for s in latencies]
+    measured, idle = counts[:MEASURED], counts[MEASURED:]
+    drained = f"  idle viewers drained {statistics.mean(idle) / seconds / 1e6:5.2f} MB/s each" if idle else ""
+    return (
+        f"rate={rate:>6}/s viewers={viewers:>3}  points/s per measured viewer={statistics.mean(measured) / seconds:>8,.0f}  "
+        f"latency ms p50={pct(ms, 0.5):6.1f} p90={pct(ms, 0.9):6.1f} p99={pct(ms, 0.99):6.1f} max={pct(ms, 1.0):6.1f}  "
+        f"(n={len(latencies):,}){drained}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=int, action="append", help="points/s the ranks log together (repeatable)")
+    parser.add_argument("--viewers", type=int, action="append", help="SSE clients (repeatable)")
+    parser.add_argument("--keys", type=int, default=5, help="scalars per log() call")
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per rate and viewer count")
+    args = parser.parse_args()
+    viewers = args.viewers or [1, 100]
+    results = []
+    # the baseline, in the same run: a reader per viewer (TORCHYARD_LIVE_SHARED_FEED=0), for the most viewers
+    for shared in (True, False):
+        tmp = Path(tempfile.mkdtemp(prefix="ty-live-"))
+        with sqlite_stack(tmp, max_streams_per_token=max(viewers) + 4, live_shared_feed=shared) as stack:
+            for rate in args.rate or [1000, 10000]:
+                for count in viewers if shared else [max(viewers)]:
+                    label = "shared reader" if shared else "reader per viewer"
+                    results.append(f"{label:<17} {one(stack, rate, count, args.keys, args.seconds)}")
+                    print(results[-1], flush=True)
+    print("\n".join(["", "live latency, log() → SSE client:", *results]))
+
+
+if __name__ == "__main__":
+    main()
