@@ -75,6 +75,11 @@ class Client:
         wait_for(enough, 30, f"{count} lines of run {run_id} with {contains!r}", interval=0.5)
         return found
 
+    def log_tail(self, run_id: int, lines: int = 60) -> str:
+        """The run's last log lines, for a failure message (CI keeps no run's log otherwise)."""
+        tail = self.http.get(f"/api/v1/runs/{run_id}/logs", params={"tail": True, "limit": lines}).json()
+        return "".join(f"  [rank {line['rank']}] {line['text']}\n" for line in tail)
+
     def run(self, run_id: int) -> dict[str, Any]:
         return dict(self.http.get(f"/api/v1/runs/{run_id}").raise_for_status().json())
 
@@ -82,7 +87,9 @@ class Client:
         def reached() -> dict[str, Any] | None:
             run = self.run(run_id)
             if run["status"] in TERMINAL and run["status"] not in statuses:
-                raise AssertionError(f"run {run_id} ended {run['status']}: {run['status_reason']}")
+                raise AssertionError(
+                    f"run {run_id} ended {run['status']}: {run['status_reason']}\n{self.log_tail(run_id)}"
+                )
             return run if run["status"] in statuses else None
 
         return wait_for(reached, timeout, f"run {run_id} to become {'/'.join(sorted(statuses))}", interval=0.2)
