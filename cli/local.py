@@ -143,21 +143,26 @@ class Stack:
 
         self.stopping.set()
         # The worker ends its runs' process groups on shutdown (ranks that save on cancel save
-        # first, within their run's cancel grace); stop it first, then the rest.
-        worker_wait = STOP_TIMEOUT_S + launcher.stop_grace_s(self.settings)
-        for name in ("worker", "api", "ingest"):
-            proc = self.procs.get(name)
-            if proc and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                deadline = time.monotonic() + (worker_wait if name == "worker" else STOP_TIMEOUT_S)
-                while proc.poll() is None and time.monotonic() < deadline and not self.hurry.is_set():
-                    self.hurry.wait(0.2)
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+        # first, within their run's cancel grace); stop it first, then the api and ingest together.
+        self._stop_together(("worker",), STOP_TIMEOUT_S + launcher.stop_grace_s(self.settings))
+        self._stop_together(("api", "ingest"), STOP_TIMEOUT_S)
         launcher.end_recorded_attempts(self.settings)  # what a killed worker left
         if self.redis:
             self.redis.stop()
+
+    def _stop_together(self, names: tuple[str, ...], timeout: float) -> None:
+        """SIGTERM to each of these processes, then SIGKILL to any still there after ``timeout``
+        (at once after a second Ctrl-C)."""
+        procs = [proc for name in names if (proc := self.procs.get(name)) and proc.poll() is None]
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline and not self.hurry.is_set():
+            self.hurry.wait(0.05)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def live_runs_on_stop(settings: Settings) -> list[str]:
