@@ -34,9 +34,9 @@ import redis
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from backend import alerts, attempts, bulk, diagnoses, lifecycle, limits, rollups, screening
+from backend import alerts, attempts, bulk, diagnoses, lifecycle, limits, points, screening
 from backend.db import transaction
-from backend.models import Allocation, Attempt, LogLine, Metric, Run, StepProfile, StreamEntry, utcnow
+from backend.models import Allocation, Attempt, LogLine, Run, StepProfile, StreamEntry, utcnow
 from backend.trim import TRIM_EVERY_S, Trimmer, ingested
 from torchyard import streams
 from torchyard.settings import get_settings
@@ -91,7 +91,7 @@ def apply_entries(
     points were new. Rank-stream entries that fail :func:`screen_rank_entry` are skipped and
     counted in ``rejected``; each run's metrics entries are summed up in ``progress``; ``watch``:
     the new points go past the live alerts too."""
-    metric_rows: list[dict[str, Any]] = []
+    metric_points = points.Points()
     log_rows: list[dict[str, Any]] = []
     profile_rows: list[dict[str, Any]] = []
     kept_rows: list[dict[str, Any]] = []  # reports and state changes, for replays (StreamEntry)
@@ -119,24 +119,10 @@ def apply_entries(
             if progress is not None:
                 entry_ms = int(entry_id.split("-")[0])
                 progress.setdefault(run_id, Progress(entry_ms)).add(entry_ms, attempt, rank, data.get("dropped", 0))
-            if data["points"]:
-                first = min(point[0] for point in data["points"])
+            if steps := metric_points.add(run_id, attempt, rank, pos, data["points"]):
+                first, last = min(steps), max(steps)
                 first_step[run_id, attempt] = min(first_step.get((run_id, attempt), first), first)
-            for step, ts, values in data["points"]:
-                last_step[run_id] = max(last_step.get(run_id, 0), step)
-                metric_rows.extend(
-                    {
-                        "run_id": run_id,
-                        "attempt": attempt,
-                        "rank": rank,
-                        "step": step,
-                        "key": key,
-                        "value": _finite_or_none(value),
-                        "ts": ts,
-                        "entry_pos": pos,
-                    }
-                    for key, value in values.items()
-                )
+                last_step[run_id] = max(last_step.get(run_id, 0), last)
         elif entry_type == streams.LOGS:
             worker_cut[run_id, data["attempt"]] += data.get("cut", 0)
             log_rows.extend(
@@ -171,12 +157,10 @@ def apply_entries(
             diagnoses.record_answer(session, run_id, data)
         if entry_type in (streams.REPORT, streams.STATE) and pos is not None:
             kept_rows.append({"run_id": run_id, "entry_pos": pos, "type": entry_type, "data": json.dumps(data)})
-    bounds = limits.Bounds(session, get_settings(), {row["run_id"] for row in metric_rows + log_rows})
-    metric_rows, log_rows = bounds.metrics(metric_rows), bounds.logs(log_rows, worker_cut)
-    inserted = bulk.insert(session, Metric.__table__, metric_rows, returning=rollups.COLUMNS)  # type: ignore[arg-type]
-    rollups.merge(session, rollups.accumulate(inserted))  # type: ignore[arg-type]
-    if watch is not None:
-        watch.check(session, inserted)
+    bounds = limits.Bounds(session, get_settings(), metric_points.run_ids() | {row["run_id"] for row in log_rows})
+    metric_points.bound(bounds)
+    log_rows = bounds.logs(log_rows, worker_cut)
+    written = metric_points.write(session, watch)
     new_lines = bulk.insert(session, LogLine.__table__, log_rows, returning=("run_id", "entry_id", "seq"))  # type: ignore[arg-type]
     bounds.stored_logs(new_lines)
     bounds.record()
@@ -195,7 +179,7 @@ def apply_entries(
         )
     for run_id, data in reports:
         attempts.apply_report(session, run_id, data)  # what a report means is attempts.py's call
-    return len(inserted)
+    return written
 
 
 _rejected_logged = 0
@@ -208,14 +192,6 @@ def _note_rejected(rejected: Counter[str] | None, stream: str, entry_id: str, wh
     _rejected_logged += 1
     if _rejected_logged <= 20 or _rejected_logged % 1000 == 0:  # a flood of them must not flood the log
         log.warning("dropped entry %s of %s from the ranks: %s (%d so far)", entry_id, stream, why, _rejected_logged)
-
-
-def _finite_or_none(value: Any) -> float | None:
-    """NaN is stored as NULL (SQLite cannot hold NaN); infinities are kept."""
-    if value is None:
-        return None
-    value = float(value)
-    return None if math.isnan(value) else value
 
 
 class Ingest:

@@ -59,8 +59,8 @@ def warning(kind: Drop, count: int, settings: Settings) -> str:
 
 
 class Bounds:
-    """One ingest batch's view of its runs' bounds: call :meth:`metrics` and :meth:`logs` on the
-    rows before they are inserted, :meth:`stored_logs` with the lines that were new, then
+    """One ingest batch's view of its runs' bounds: call :meth:`metric_keys` (and
+    :meth:`drop_points`) and :meth:`logs` before the rows are inserted, :meth:`stored_logs` with the lines that were new, then
     :meth:`record`."""
 
     def __init__(self, session: Session, settings: Settings, run_ids: set[int]) -> None:
@@ -81,32 +81,26 @@ class Bounds:
         )
         self.log_bytes = {run_id: value for run_id, value in rows}
 
-    def metrics(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The points whose keys are short enough and among the run's first ``max_metric_keys``;
-        new keys are admitted in sorted order while there is room."""
-        by_run: dict[int, set[str]] = {}
-        for run_id, key in {(row["run_id"], row["key"]) for row in rows}:
-            by_run.setdefault(run_id, set()).add(key)
+    def metric_keys(self, keys: dict[int, set[str]]) -> dict[int, set[str]]:
+        """Of each run's ``keys``, those its points may be stored under: short enough and among
+        the run's first ``max_metric_keys``; new keys are admitted in sorted order while there is
+        room. The points of the others go: :meth:`drop_points` counts them."""
         allowed: dict[int, set[str]] = {}
         new_keys: list[dict[str, Any]] = []
-        for run_id, keys in by_run.items():
+        for run_id, run_keys in keys.items():
             known = set(self.session.scalars(select(RunMetricKey.key).where(RunMetricKey.run_id == run_id)))
             room = max(0, self.settings.max_metric_keys - len(known))
-            fresh = sorted(k for k in keys - known if len(k) <= MAX_KEY_CHARS)[:room]
+            fresh = sorted(k for k in run_keys - known if len(k) <= MAX_KEY_CHARS)[:room]
             new_keys.extend({"run_id": run_id, "key": k} for k in fresh)
             allowed[run_id] = known | set(fresh)
         bulk.insert(self.session, RunMetricKey.__table__, new_keys)  # type: ignore[arg-type]
-        if all(keys <= allowed[run_id] for run_id, keys in by_run.items()):
-            return rows  # the usual batch: nothing to drop, no second pass over every point
-        kept = []
-        for row in rows:
-            if row["key"] in allowed[row["run_id"]]:
-                kept.append(row)
-                continue
-            kind = Drop.LONG_KEY if len(row["key"]) > MAX_KEY_CHARS else Drop.KEY_LIMIT
-            self.drops[row["run_id"], kind] += 1
-            self.attempt[row["run_id"]] = row["attempt"]
-        return kept
+        return allowed
+
+    def drop_points(self, run_id: int, key: str, count: int, attempt: int) -> None:
+        """Counts ``count`` points of ``key`` that were not admitted (:meth:`metric_keys`)."""
+        kind = Drop.LONG_KEY if len(key) > MAX_KEY_CHARS else Drop.KEY_LIMIT
+        self.drops[run_id, kind] += count
+        self.attempt[run_id] = attempt
 
     def logs(self, rows: list[dict[str, Any]], worker_cut: Counter[tuple[int, int]]) -> list[dict[str, Any]]:
         """Lines cut to ``max_log_line_bytes`` (saying how much went), then only as many as fit
