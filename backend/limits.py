@@ -15,14 +15,15 @@ from collections import Counter
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from backend import bulk
-from backend.models import LogLine, Run, RunCounter, RunMetricKey
+from backend.models import LogLine, RunCounter, RunMetricKey
 from torchyard.settings import Settings
 from torchyard.streams import MAX_KEY_CHARS, cut_line
 
+LOCKS = 0x7479  # the advisory lock space of runs' bounds (PostgreSQL), "ty"
 LOG_BYTES = "log_bytes"  # the counter of log text stored, held against the volume bound
 
 
@@ -59,27 +60,47 @@ def warning(kind: Drop, count: int, settings: Settings) -> str:
 
 
 class Bounds:
-    """One ingest batch's view of its runs' bounds: call :meth:`metric_keys` (and
-    :meth:`drop_points`) and :meth:`logs` before the rows are inserted, :meth:`stored_logs` with the lines that were new, then
+    """One ingest batch's view of its runs' bounds: made with the batch's metric keys and the runs
+    its log lines are of; call :meth:`metric_keys` (and :meth:`drop_points`) and :meth:`logs`
+    before the rows are inserted, :meth:`stored_logs` with the lines that were new, then
     :meth:`record`."""
 
-    def __init__(self, session: Session, settings: Settings, run_ids: set[int]) -> None:
+    def __init__(self, session: Session, settings: Settings, keys: dict[int, set[str]], log_runs: set[int]) -> None:
         self.session, self.settings = session, settings
         self.drops: Counter[tuple[int, Drop]] = Counter()
         self.attempt: dict[int, int] = {}  # run → the attempt its warning lines are filed under
         self._line_bytes: dict[tuple[int, str, int], int] = {}
-        # Two ingest processes may hold batches of one run: its row lock makes them take turns,
-        # so the key count and the log budget are read and raised by one at a time (PostgreSQL;
-        # SQLite has one writer anyway).
-        ids = sorted(run_ids)
+        self.known = self._known(set(keys))
+        # Two ingest processes may hold batches of one run: a lock of the run's makes them take
+        # turns where a bound is read and raised (its key count when a key is new, its log
+        # budget), so one at a time does it. Only then: a batch of known keys, the usual one,
+        # writes beside the other's. A transaction-scoped advisory lock, not the run's row: the
+        # row lock would also stop the other's inserts (their foreign key checks share the row)
+        # and its update of the run at the end, which would then wait in the other order.
+        # PostgreSQL only; SQLite has one writer anyway.
+        bound = sorted(log_runs | {run_id for run_id, run_keys in keys.items() if run_keys - self.known[run_id]})
+        if bound and session.get_bind().dialect.name == "postgresql":
+            for run_id in bound:  # in one order in every process
+                session.execute(
+                    text("SELECT pg_advisory_xact_lock(:space, :run_id)"), {"space": LOCKS, "run_id": run_id}
+                )
+            self.known.update(self._known(set(bound) & set(keys)))  # as the last holder left them
         self.log_bytes: dict[int, int] = {}
-        if not ids:
-            return  # a batch of reports and profiles only
-        session.execute(select(Run.id).where(Run.id.in_(ids)).order_by(Run.id).with_for_update())
-        rows = session.execute(
-            select(RunCounter.run_id, RunCounter.value).where(RunCounter.run_id.in_(ids), RunCounter.name == LOG_BYTES)
-        )
-        self.log_bytes = {run_id: value for run_id, value in rows}
+        if log_runs:
+            rows = session.execute(
+                select(RunCounter.run_id, RunCounter.value).where(
+                    RunCounter.run_id.in_(sorted(log_runs)), RunCounter.name == LOG_BYTES
+                )
+            )
+            self.log_bytes = {run_id: value for run_id, value in rows}
+
+    def _known(self, run_ids: set[int]) -> dict[int, set[str]]:
+        known: dict[int, set[str]] = {run_id: set() for run_id in run_ids}
+        if run_ids:
+            query = select(RunMetricKey.run_id, RunMetricKey.key).where(RunMetricKey.run_id.in_(sorted(run_ids)))
+            for run_id, key in self.session.execute(query):
+                known[run_id].add(key)
+        return known
 
     def metric_keys(self, keys: dict[int, set[str]]) -> dict[int, set[str]]:
         """Of each run's ``keys``, those its points may be stored under: short enough and among
@@ -88,7 +109,7 @@ class Bounds:
         allowed: dict[int, set[str]] = {}
         new_keys: list[dict[str, Any]] = []
         for run_id, run_keys in keys.items():
-            known = set(self.session.scalars(select(RunMetricKey.key).where(RunMetricKey.run_id == run_id)))
+            known = self.known[run_id]
             room = max(0, self.settings.max_metric_keys - len(known))
             fresh = sorted(k for k in run_keys - known if len(k) <= MAX_KEY_CHARS)[:room]
             new_keys.extend({"run_id": run_id, "key": k} for k in fresh)

@@ -92,15 +92,16 @@ class Points:
             self.segments.extend(ragged.values())
         return steps
 
-    def run_ids(self) -> set[int]:
-        return {s.run_id for s in self.segments}
-
-    def bound(self, bounds: limits.Bounds) -> None:
-        """Drops (and counts) the points of keys past their runs' bounds."""
+    def keys(self) -> dict[int, set[str]]:
+        """Each run's keys in this batch."""
         keys: dict[int, set[str]] = {}
         for s in self.segments:
             keys.setdefault(s.run_id, set()).add(s.key)
-        allowed = bounds.metric_keys(keys)
+        return keys
+
+    def bound(self, bounds: limits.Bounds) -> None:
+        """Drops (and counts) the points of keys past their runs' bounds."""
+        allowed = bounds.metric_keys(self.keys())
         kept = []
         for s in self.segments:
             if s.key in allowed[s.run_id]:
@@ -127,7 +128,7 @@ class Points:
                 if value is not None
             ]
         else:
-            rows = [dict(zip(NAMES, row, strict=True)) for row in zip(*columns.lists(), strict=True)]
+            rows = [dict(zip(NAMES, row, strict=True)) for row in columns.table().tolist()]
             inserted = bulk.insert(session, _TABLE, rows, returning=rollups.COLUMNS)
             new, blocks, watched = len(inserted), rollups.accumulate(inserted), inserted  # type: ignore[arg-type]
         rollups.merge(session, blocks)
@@ -183,16 +184,17 @@ class _Columns:
             setattr(self, name, getattr(self, name)[carried])
         self.nulls = np.isnan(self.values)
 
-    def lists(self) -> list[list[Any]]:
-        """The columns of :data:`NAMES` as lists of Python values (NULL as None)."""
-        values = self.values.astype(object)
-        values[self.nulls] = None
-        positions = self.positions.astype(object)
-        positions[self.positions < 0] = None
-        return [
-            self.run_ids.tolist(), self.attempts.tolist(), self.ranks.tolist(), self.steps.tolist(),
-            np.array(self.key_names, object)[self.key_ids].tolist(), values.tolist(), self.times.tolist(), positions.tolist(),
-        ]  # fmt: skip
+    def table(self) -> np.ndarray:
+        """The rows as Python values, a row of :data:`NAMES` each (NULL as None)."""
+        table = np.empty((len(self.steps), len(NAMES)), object)
+        for i, column in enumerate(
+            (self.run_ids, self.attempts, self.ranks, self.steps, np.array(self.key_names, object)[self.key_ids],
+             self.values, self.times, self.positions)
+        ):  # fmt: skip
+            table[:, i] = column
+        table[self.nulls, NAMES.index("value")] = None
+        table[self.positions < 0, NAMES.index("entry_pos")] = None
+        return table
 
 
 def _insert(session: Session, columns: _Columns) -> bool:
@@ -216,7 +218,7 @@ def _insert(session: Session, columns: _Columns) -> bool:
         if not driver.in_transaction:  # pysqlite begins only at the first DML; a savepoint must be inside
             cursor.execute("BEGIN")
         cursor.execute("SAVEPOINT points")
-        flat = np.column_stack([np.array(c, object) for c in columns.lists()]).ravel().tolist()
+        flat = columns.table().ravel().tolist()
         per = bulk.SQLITE_MAX_VARIABLES // len(NAMES)
         head = f"INSERT INTO metrics ({', '.join(NAMES)}) VALUES "
         mark = "(" + ", ".join("?" * len(NAMES)) + ")"

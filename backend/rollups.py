@@ -88,7 +88,10 @@ def _pick(
 
 
 def merge(session: Session, blocks: list[dict[str, Any]]) -> None:
-    """Upserts blocks: extremes keep the more extreme side, sums and counts add up."""
+    """Upserts blocks: extremes keep the more extreme side, sums and counts add up. In the order of
+    their unique key, the same in every process: two ingest processes may merge into one run's
+    blocks at once, and rows locked in opposite orders would deadlock."""
+    blocks = sorted(blocks, key=lambda b: (b["run_id"], b["key"], b["level"], b["bucket"], b["rank"], b["attempt"]))
     bulk.insert(session, cast(Table, MetricRollup.__table__), blocks, on_conflict=_MERGE)
 
 

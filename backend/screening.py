@@ -72,17 +72,20 @@ def _check_metrics(data: dict[str, Any]) -> str:
         return "malformed"
     if len(points) > limits["points"]:
         return "size"
-    for point in points:
-        if not isinstance(point, list) or len(point) != 3:
-            return "malformed"
-        step, ts, values = point
-        if not (_is_int(step) and 0 <= step <= DB_INT_MAX) or not _is_number(ts) or not isinstance(values, dict):
-            return "malformed"
-        # Keys too long or too many are the run's bounds' business (backend/limits.py: dropped per
-        # key and counted), as for any run; here only what cannot be a point at all.
-        for value in values.values():
-            if value is not None and not _is_number(value):
-                return "malformed"
+    # Checked by the set of types in each column, not point by point: an entry holds up to 10,000
+    # points of many scalars, and the JSON decoder makes exact types (never a subclass or a bool
+    # posing as an int: bool is its own type here).
+    if any(type(point) is not list or len(point) != 3 for point in points):
+        return "malformed"
+    steps = [point[0] for point in points]
+    if {type(step) for step in steps} - {int} or (steps and not (min(steps) >= 0 and max(steps) <= DB_INT_MAX)):
+        return "malformed"
+    if {type(point[1]) for point in points} - _NUMBER or {type(point[2]) for point in points} - {dict}:
+        return "malformed"
+    # Keys too long or too many are the run's bounds' business (backend/limits.py: dropped per
+    # key and counted), as for any run; here only what cannot be a point at all.
+    if {type(value) for point in points for value in point[2].values()} - _NUMBER - {type(None)}:
+        return "malformed"
     return ""
 
 
@@ -118,5 +121,4 @@ def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+_NUMBER = {int, float}

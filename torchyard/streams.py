@@ -57,6 +57,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 ACTIVE_STREAMS = "ty:streams:active"  # set of run streams ingest must read
 INGEST_GROUP = "ingest"
 INGEST_CONSUMER_ALIVE = "ty:ingest:alive:"  # + consumer name: expires unless the consumer keeps polling
@@ -293,4 +295,8 @@ def decode(fields: dict[Any, Any]) -> tuple[str, dict[str, Any]]:
         return value.decode() if isinstance(value, bytes) else str(value)
 
     by_name = {text(k): v for k, v in fields.items()}
-    return text(by_name["type"]), json.loads(text(by_name["data"]))
+    data = by_name["data"]
+    try:  # orjson reads a metrics entry in half json's time (a fifth of ingest's), bytes as they came
+        return text(by_name["type"]), orjson.loads(data if isinstance(data, (bytes, str)) else text(data))
+    except orjson.JSONDecodeError:  # what only json reads: NaN and ±Infinity (json.dumps writes them), 1e400
+        return text(by_name["type"]), json.loads(text(data))
