@@ -17,7 +17,7 @@ import itertools
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import psycopg
@@ -85,9 +85,12 @@ class Points:
             ragged: dict[str, Segment] = {}
             for step, ts, values in points:
                 for key, value in values.items():
-                    if (s := ragged.get(key)) is None:
-                        s = ragged[key] = Segment(run_id, attempt, rank, key, pos, [], [], [], [])
-                    s.steps.append(step), s.times.append(ts), s.values.append(value), s.order.append(self.carried)  # type: ignore[union-attr]
+                    if (segment := ragged.get(key)) is None:
+                        segment = ragged[key] = Segment(run_id, attempt, rank, key, pos, [], [], [], [])
+                    segment.steps.append(step)
+                    segment.times.append(ts)
+                    segment.values.append(value)
+                    cast(list[int], segment.order).append(self.carried)
                     self.carried += 1
             self.segments.extend(ragged.values())
         return steps
@@ -125,12 +128,11 @@ class Points:
                 for s in fresh
                 if s.rank == 0 and s.key in alerts.WATCHED
                 for step, ts, value in zip(s.steps, s.times, s.values, strict=True)
-                if value is not None
+                if value is not None and value == value  # NaN is stored as NULL
             ]
         else:
-            rows = [dict(zip(NAMES, row, strict=True)) for row in columns.table().tolist()]
-            inserted = bulk.insert(session, _TABLE, rows, returning=rollups.COLUMNS)
-            new, blocks, watched = len(inserted), rollups.accumulate(inserted), inserted  # type: ignore[arg-type]
+            inserted = _insert_returning(session, columns)
+            new, blocks, watched = len(inserted), rollups.accumulate(inserted), inserted
         rollups.merge(session, blocks)
         if watch is not None:
             watch.check(session, watched)
@@ -195,6 +197,12 @@ class _Columns:
         table[self.nulls, NAMES.index("value")] = None
         table[self.positions < 0, NAMES.index("entry_pos")] = None
         return table
+
+
+def _insert_returning(session: Session, columns: _Columns) -> list[rollups.NewRow]:
+    """The careful way: inserts the rows not stored yet; returns those (:data:`rollups.COLUMNS`)."""
+    rows = [dict(zip(NAMES, row, strict=True)) for row in columns.table().tolist()]
+    return bulk.insert(session, _TABLE, rows, returning=rollups.COLUMNS)  # type: ignore[return-value]
 
 
 def _insert(session: Session, columns: _Columns) -> bool:
@@ -290,9 +298,9 @@ def _copy_binary(columns: _Columns) -> Iterator[bytes]:
         block["value_length"][nulls] = -1
         block["entry_pos_length"][no_pos] = -1
         keep = np.ones((len(block), layout.itemsize), bool)
-        at = layout.fields
-        keep[:, at["key"][1] : at["key"][1] + width] = np.arange(width) < key_lengths[:, None]
-        keep[:, at["value"][1] : at["value"][1] + 8] = ~nulls[:, None]
-        keep[:, at["entry_pos"][1] : at["entry_pos"][1] + 8] = ~no_pos[:, None]
+        at = {name: layout.fields[name][1] for name in ("key", "value", "entry_pos")}  # type: ignore[index]  # offsets
+        keep[:, at["key"] : at["key"] + width] = np.arange(width) < key_lengths[:, None]
+        keep[:, at["value"] : at["value"] + 8] = ~nulls[:, None]
+        keep[:, at["entry_pos"] : at["entry_pos"] + 8] = ~no_pos[:, None]
         yield block.view(np.uint8).reshape(len(block), layout.itemsize)[keep].tobytes()
     yield _TRAILER

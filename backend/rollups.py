@@ -29,7 +29,9 @@ def accumulate(rows: Iterable[NewRow]) -> list[dict[str, Any]]:
     for run_id, attempt, key, rank, step, value, ts in rows:
         if value is not None:
             ids.append(series.setdefault((run_id, attempt, key, rank), len(series)))
-            steps.append(step), values.append(value), times.append(ts)
+            steps.append(step)
+            values.append(value)
+            times.append(ts)
     return blocks(list(series), np.array(ids, np.int64), np.array(steps, np.int64), np.array(values), np.array(times))
 
 
