@@ -3,8 +3,8 @@
 
 - ``workers``: the built-in pool, torchyard's own workers (what ``torchyard up`` starts). Its gang
   scheduler (``scheduler.py``) places runs on nodes with free slots and Celery carries each share.
-- ``slurm``: an existing Slurm cluster (``slurm.py``). Slurm gang-schedules; torchyard submits,
-  watches and cancels its jobs.
+- ``slurm``: an existing Slurm cluster (``slurm.py``, and the ``slurm_*.py`` beside it). Slurm
+  gang-schedules; torchyard submits, watches and cancels its jobs.
 
 Both are asked the same two things: at submit, whether the run's resources can ever be met (a
 422 naming the field when not; warnings when the run must wait), and, on each pass of the

@@ -85,7 +85,7 @@ def unfinished_count(session: Session, owner: Token) -> int:
 def check_cluster_can_hold(session: Session, res: ResourcesConfig, allow_waiting: bool) -> list[str]:
     """The run's pool (``resources.pool``; a 422 naming it when there is none) can ever hold it: the
     built-in workers' registered nodes (``nodes.check_can_hold``), or a Slurm pool's partition
-    (``slurm.check_resources``). A 422 naming the field when not; warnings when the run must wait."""
+    (``slurm_pools.check_resources``). A 422 naming the field when not; warnings when the run must wait."""
     settings = get_settings()
     pool = executors.pool_for(settings, res)
     return executors.executor_for(pool, settings).check(session, res, allow_waiting)

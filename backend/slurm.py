@@ -1,22 +1,7 @@
-"""Slurm pools: runs handed to an existing Slurm cluster, which gang-schedules them itself.
-
-The client is Slurm's own commands (``sbatch``, ``scontrol``, ``scancel``, ``sinfo``) run as
-subprocesses. Why: they come with every Slurm install (Debian's slurm-client), speak the cluster's
-own auth (munge) and version, and need nothing else on the service host but the cluster's
-slurm.conf and munge key. ``slurmrestd`` is a daemon more to run and secure (JWT), which many
-clusters do not run; submitit submits pickled Python callables (its own job format) and polls
-through ``sacct``, which needs slurmdbd. Accounting (``sacct``) is not used: a finished job's
-state is read with ``scontrol show job`` while slurmctld keeps it (MinJobAge, 300 s by default).
-
-One attempt = one batch job: ``--nodes`` N, ``--ntasks-per-node=1``, ``--cpus-per-task`` (the
-run's processes per node), ``--gpus-per-node`` (a CUDA run), ``--time`` from
-``training.max_duration_s``, the pool's partition and account, ``--requeue``, job name
-``torchyard-run-<id>``. Its script runs one node agent per node through ``srun``
-(``workers/slurm_step.py``): the same share runtime as a Celery worker (the attempt's own Redis
-user for the ranks, torchrun with a c10d rendezvous on node rank 0, the log pump, the cancel key,
-the started/exited reports), so live metrics, logs and state reach the run's streams exactly as
-from our workers. Logs: pumped by the agent in the job step, not files tailed by the service: live,
-through the same platform stream, and with no shared log directory to poll.
+"""Slurm pools: runs handed to an existing Slurm cluster, which gang-schedules them itself. This
+module is the executor: it submits each attempt, then watches its job and maps Slurm's job states
+onto the run's. Slurm's commands and job states: ``slurm_client.py``; the batch job an attempt
+runs as: ``slurm_batch.py``; partitions, nodes and the pool's description: ``slurm_pools.py``.
 
 The scheduler's leader polls each live job (``scontrol show job``) every pass: Slurm's pending
 reason becomes the run's ``status_reason``; a job that ends settles its attempt when no agent's
@@ -28,198 +13,29 @@ agents on the run's cancel key with the run's grace, then scancelled if it is st
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
-import re
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 import redis
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from backend import attempts, bundles, errors, lifecycle
+from backend import attempts, lifecycle
 from backend.db import transaction
 from backend.models import Attempt, Run, utcnow
-from backend.schemas import PoolOut, SlurmJobOut, SlurmNodeOut
+from backend.slurm_batch import Submission, batch_job, job_name, output_tail, remove_job_files
+from backend.slurm_client import LIVE, NODE_FAILURES, PENDING, JobState, SlurmClient, SlurmError
+from backend.slurm_pools import check_resources, pool_of
 from torchyard.settings import PoolConfig, Settings
-from torchyard.spec import ResourcesConfig, RunSpec, ScriptConfig
+from torchyard.spec import ResourcesConfig
 from torchyard.states import TERMINAL
 
 log = logging.getLogger(__name__)
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-COMMAND_TIMEOUT_S = 30.0
 WATCH_ENDED_S = 300.0  # an ended attempt's job is watched this long (it may still wind down)
 UNRECORDED_AFTER_S = 60.0  # an attempt still without its job id this long after it was made: sbatch never ran
 REPORT_GRACE_S = 3.0  # a job that ended: how long its agents' exit reports may take to reach ingest
 CANCEL_SLACK_S = 10.0  # past the run's cancel grace, a running job still there is scancelled
-TIME_SLACK_S = 120.0  # a job's time limit past max_duration_s: start-up, and Slurm's minute resolution
-PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
-LIVE = PENDING | {"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "RESIZING"}
-NODE_FAILURES = {"NODE_FAIL", "BOOT_FAIL", "PREEMPTED"}
-# Settings the node agents need (a worker's), never the database's or the api's secrets.
-NODE_SETTINGS = (
-    "api_url", "cancel_grace_s", "run_user", "run_tmp_bytes", "run_shm_bytes", "fr_buffer_entries",
-    "max_log_line_bytes", "dataset_store", "dataset_s3_endpoint_url", "dataset_s3_region",
-    "dataset_s3_access_key_id", "dataset_s3_secret_access_key", "dataset_url_ttl_s",
-)  # fmt: skip
-PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")  # the job's environment: nothing else of ours
-
-
-class SlurmError(Exception):
-    """A Slurm command failed; the message is Slurm's own."""
-
-
-@dataclass(frozen=True)
-class JobState:
-    job_id: str
-    state: str  # JobState: PENDING, RUNNING, COMPLETED, NODE_FAIL, ...
-    reason: str  # Reason: Resources, Priority, BeginTime, ... ("None" when none)
-    restarts: int
-    nodes: str
-    exit_code: str
-    partition: str
-
-
-class SlurmClient:
-    """Slurm's commands against one pool's cluster (its slurm.conf when the pool names one)."""
-
-    def __init__(self, pool: PoolConfig) -> None:
-        self.pool = pool
-        self.env = {**os.environ, **({"SLURM_CONF": pool.slurm_conf} if pool.slurm_conf else {})}
-
-    def run(self, *command: str) -> str:
-        try:
-            done = subprocess.run(
-                command, env=self.env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise SlurmError(f"{command[0]}: {exc}") from None
-        if done.returncode != 0:
-            raise SlurmError((done.stderr or done.stdout).strip() or f"{command[0]} exited with {done.returncode}")
-        return done.stdout
-
-    def partitions(self) -> tuple[dict[str, int], str]:
-        """Each partition's node count, and the default partition ("" when there is none)."""
-        counts: dict[str, int] = {}
-        default = ""
-        for line in self.run("sinfo", "-h", "-a", "-o", "%P|%D").splitlines():
-            name, _, count = line.strip().partition("|")
-            if not name:
-                continue
-            if name.endswith("*"):
-                name = default = name[:-1]
-            counts[name] = counts.get(name, 0) + int(count or 0)
-        return counts, default
-
-    def nodes(self) -> list[dict[str, str]]:
-        """Every node of every partition (sinfo -N): name, partition, state, CPUs, GRES (GPUs)."""
-        out = self.run("sinfo", "-h", "-N", "-a", "-o", "%N|%P|%t|%c|%G")
-        rows = []
-        for line in out.splitlines():
-            parts = line.strip().split("|")
-            if len(parts) == 5:
-                name, partition, state, cpus, gres = parts
-                rows.append(
-                    {"name": name, "partition": partition.rstrip("*"), "state": state, "cpus": cpus, "gres": gres}
-                )
-        return rows
-
-    def submit(self, script: Path, options: list[str]) -> str:
-        out = self.run("sbatch", "--parsable", *options, str(script))
-        return out.strip().split(";", 1)[0]
-
-    def job(self, job_id: str) -> JobState | None:
-        """The job as slurmctld knows it; None once it has forgotten it (past MinJobAge)."""
-        try:
-            out = self.run("scontrol", "show", "job", "-o", job_id)
-        except SlurmError as exc:
-            if "Invalid job id" in str(exc):
-                return None
-            raise
-        return parse_job(job_id, out)
-
-    def cancel(self, job_id: str) -> None:
-        """scancel: Slurm sends SIGTERM to every process of the job, SIGKILL after its KillWait."""
-        try:
-            self.run("scancel", job_id)
-        except SlurmError as exc:
-            log.warning("scancel %s: %s", job_id, exc)
-
-
-def parse_job(job_id: str, out: str) -> JobState:
-    def field(name: str, default: str = "") -> str:
-        found = re.search(rf"(?:^|\s){name}=(.*?)(?=\s\w[\w/:]*=|$)", out.strip())
-        return found.group(1) if found else default
-
-    return JobState(
-        job_id,
-        field("JobState").split()[0] if field("JobState") else "UNKNOWN",
-        field("Reason", "None"),
-        int(field("Restarts", "0") or 0),
-        field("NodeList"),
-        field("ExitCode"),
-        field("Partition"),
-    )
-
-
-def pool_of(settings: Settings, run: Run) -> str | None:
-    """The name of the run's pool; None when its pool is no longer configured."""
-    try:
-        return settings.pool(run.run_spec.resources.pool).name
-    except KeyError:
-        return None
-
-
-def job_name(run_id: int) -> str:
-    return f"torchyard-run-{run_id}"
-
-
-def time_limit(max_duration_s: float) -> str | None:
-    """sbatch --time in minutes: the run's own bound plus slack (our watchdog stops it on the dot)."""
-    if not max_duration_s:
-        return None
-    return str(math.ceil((max_duration_s + TIME_SLACK_S) / 60))
-
-
-def check_resources(pool: PoolConfig, res: ResourcesConfig) -> list[str]:
-    """At submit: the partition must exist and hold the run's nodes (a 422 naming it). A cluster
-    that does not answer is no fault of the spec: the run waits with a warning."""
-    try:
-        counts, default = SlurmClient(pool).partitions()
-    except SlurmError as exc:
-        return [f"Slurm pool {pool.name!r} did not answer ({exc}); the run waits to be submitted"]
-    partition = res.partition or pool.partition
-    if partition and partition not in counts:
-        where = "resources.partition" if res.partition else f"pool {pool.name!r}'s partition"
-        raise errors.InvalidRequest(
-            ["body", "resources", "partition"],
-            f"{where} ({partition!r}) is not a partition of Slurm pool {pool.name!r}: "
-            + (", ".join(sorted(counts)) or "it has none"),
-            partition,
-        )
-    name = partition or default
-    if name and res.nodes > counts.get(name, 0):
-        raise errors.InvalidRequest(
-            ["body", "resources", "nodes"],
-            f"resources.nodes ({res.nodes}): partition {name!r} of Slurm pool {pool.name!r} has "
-            f"{counts.get(name, 0)} node(s)",
-            res.nodes,
-        )
-    return []
-
-
-@dataclass(frozen=True)
-class Submission:
-    run_id: int
-    attempt: int
-    spec: dict
 
 
 class SlurmExecutor:
@@ -285,7 +101,7 @@ class SlurmExecutor:
         own message when sbatch refuses the job."""
         attempts.open_run_streams(client, item.run_id)
         try:
-            script, options = self.batch_job(item)
+            script, options = batch_job(self.pool, self.settings, self.work_dir, item)
             job_id = self.client.submit(script, options)
         except SlurmError as exc:
             with transaction() as session:
@@ -300,68 +116,6 @@ class SlurmExecutor:
             if run.status == lifecycle.SCHEDULED:
                 run.status_reason = f"submitted to Slurm pool {self.pool.name} as job {job_id}"
         log.info("run %s attempt %s: Slurm job %s", item.run_id, item.attempt, job_id)
-
-    def batch_job(self, item: Submission) -> tuple[Path, list[str]]:
-        """The job file (what the node agents need: 0600, never in the job's environment), the
-        batch script, and sbatch's options."""
-        spec = RunSpec.model_validate(item.spec)
-        res, settings = spec.resources, self.settings
-        jobs = self.work_dir / "jobs"
-        jobs.mkdir(parents=True, exist_ok=True)
-        jobs.chmod(0o700)
-        stem = jobs / f"run-{item.run_id}-attempt-{item.attempt}"
-        values = settings.model_dump(mode="json")
-        env = {f"TORCHYARD_{k.upper()}": str(values[k]) for k in NODE_SETTINGS if values.get(k) not in ("", None)}
-        env.update(
-            TORCHYARD_REDIS_URL=self.pool.node_redis_url or settings.redis_url,
-            TORCHYARD_CHECKPOINT_ROOT=str(settings.checkpoints),  # shared: a later attempt resumes from it
-            TORCHYARD_DATASET_ROOT=str(settings.datasets),
-        )
-        job = {
-            "run_id": item.run_id,
-            "attempt": item.attempt,
-            "spec": item.spec,
-            "pool": self.pool.name,
-            "work_dir": str(self.work_dir),
-            "cancel_token": attempts.cancel_token(settings, item.run_id),
-            "bundle_capability": bundles.capability(settings, spec.workload.bundle)
-            if isinstance(spec.workload, ScriptConfig)
-            else None,
-            "env": env,
-        }
-        job_file = stem.with_suffix(".json")
-        fd = os.open(job_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(job, f)
-        python = self.pool.python or sys.executable
-        script = stem.with_suffix(".sh")
-        script.write_text(
-            "#!/bin/bash\n"
-            f"# torchyard run {item.run_id}, attempt {item.attempt}: one node agent per node (workers/slurm_step.py)\n"
-            f"export PYTHONPATH={PROJECT_ROOT}\n"
-            'exec srun --export=ALL --ntasks-per-node=1 --kill-on-bad-exit=0 --cpus-per-task="$SLURM_CPUS_PER_TASK" '
-            f"{python} -m workers.slurm_step {job_file}\n"
-        )
-        passed = [k for k in PASSED_ENV if k in os.environ] + (["SLURM_CONF"] if self.pool.slurm_conf else [])
-        options = [
-            f"--job-name={job_name(item.run_id)}",
-            f"--nodes={res.nodes}",
-            "--ntasks-per-node=1",
-            f"--cpus-per-task={res.procs_per_node}",
-            "--requeue",
-            f"--export={','.join(passed) or 'NONE'}",
-            f"--output={stem}-%j.out",
-            f"--chdir={self.work_dir}",
-        ]
-        if res.device == "cuda":
-            options.append(f"--gpus-per-node={res.procs_per_node}")
-        if limit := time_limit(spec.training.max_duration_s):
-            options.append(f"--time={limit}")
-        if partition := res.partition or self.pool.partition:
-            options.append(f"--partition={partition}")
-        if self.pool.account:
-            options.append(f"--account={self.pool.account}")
-        return script, options
 
     def watch(self, session: Session) -> None:
         """Every job of this pool that may still change something: its attempt not ended, its run
@@ -489,7 +243,7 @@ class SlurmExecutor:
         elif what == "CANCELLED":
             why += ": cancelled in Slurm, not through torchyard"
         elif state.exit_code:
-            why += f", exit code {state.exit_code}" + self._output_tail(attempt)
+            why += f", exit code {state.exit_code}" + output_tail(self.work_dir, attempt)
         if lifecycle.can_transition(run, lifecycle.FAILED):
             lifecycle.transition(session, run, lifecycle.FAILED, why)
 
@@ -526,52 +280,15 @@ class SlurmExecutor:
         except SlurmError as exc:
             log.info("could not release requeued job %s at once: %s", job_id, exc)
 
-    def _output_tail(self, attempt: Attempt, lines: int = 20) -> str:
-        found = sorted((self.work_dir / "jobs").glob(f"run-{attempt.run_id}-attempt-*-{attempt.slurm_job_id}.out"))
-        if not found:
-            return ""
-        tail = found[-1].read_text(errors="replace").splitlines()[-lines:]
-        return ("; the job's output ends:\n" + "\n".join(tail)) if tail else ""
-
     def _forget(self, job_id: str, attempt: Attempt) -> None:
         """The job ended and its attempt is settled: not asked about again; its files go."""
         self._ended_seen.pop(job_id, None)
         self._cancel_seen.pop(job_id, None)
         self._scancelled.discard(job_id)
         self._gone[job_id] = time.monotonic()
-        for path in (self.work_dir / "jobs").glob(f"run-{attempt.run_id}-attempt-*"):
-            number = re.match(r"run-\d+-attempt-(\d+)", path.name)
-            if number and int(number.group(1)) <= attempt.number:  # never a later attempt's (a new job)
-                path.unlink(missing_ok=True)
+        remove_job_files(self.work_dir, attempt)
 
 
 def _run_attempt(session: Session, run_id: int, number: int) -> tuple[Run, Attempt]:
     attempt = session.scalars(select(Attempt).where(Attempt.run_id == run_id, Attempt.number == number)).one()
     return attempt.run, attempt
-
-
-def describe_pool(session: Session, settings: Settings, pool: PoolConfig, default: bool) -> PoolOut:
-    """A pool for the cluster page; a Slurm pool with its partitions and nodes as sinfo says now."""
-    out = PoolOut(
-        name=pool.name, executor=pool.executor, default=default, partition=pool.partition, account=pool.account
-    )
-    if pool.executor != "slurm":
-        return out
-    rows = session.execute(
-        select(Attempt, Run)
-        .join(Run, Attempt.run_id == Run.id)
-        .where(Attempt.slurm_job_id.is_not(None), Attempt.ended_at.is_(None))
-        .order_by(Attempt.run_id)
-    ).all()
-    out.jobs = [
-        SlurmJobOut(run_id=run.id, attempt=a.number, job_id=a.slurm_job_id or "", status=run.status)
-        for a, run in rows
-        if pool_of(settings, run) == pool.name
-    ]
-    client = SlurmClient(pool)
-    try:
-        out.partitions, out.default_partition = client.partitions()
-        out.nodes = [SlurmNodeOut(**row) for row in client.nodes()]
-    except SlurmError as exc:
-        out.error = str(exc)
-    return out

@@ -1,6 +1,6 @@
-"""The api's client for the ``torchyard`` command: credentials, error messages that say what is
-wrong, a run's live stream followed to its end, downloads that show progress and never leave a
-partial file."""
+"""The api's client for the ``torchyard`` command: credentials (and the ``--api-url``/``--token``
+options that give them), error messages that say what is wrong, a run's live stream followed to its
+end, downloads that show progress and never leave a partial file."""
 
 from __future__ import annotations
 
@@ -39,6 +39,19 @@ class Api:
         if response.status_code >= 400:
             raise click.ClickException(f"{response.status_code}: {describe_error(response)}")
         return response.json() if response.content else None
+
+
+api_options = [
+    click.option("--api-url", default=None, help="api address (TORCHYARD_API_URL)"),
+    click.option("--token", default=None, help="bearer token (TORCHYARD_TOKEN)"),
+]
+
+
+def with_api(fn: Any) -> Any:
+    """A command's ``--api-url`` and ``--token`` options: what ``Api(api_url, token)`` takes."""
+    for option in reversed(api_options):
+        fn = option(fn)
+    return fn
 
 
 def _saved_credentials(settings: Settings) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""``torchyard dataset create``: files → shards → the api, one shard at a time.
+"""``torchyard dataset`` (``create``, ``list``, ``show``, ``delete``). ``create``: files → shards →
+the api, one shard at a time.
 
 Each shard is written to a temporary folder, uploaded (streamed, with its sha256 for the api to
 check) and deleted before the next one is written, so the client's disk never holds more than one
@@ -8,6 +9,7 @@ a log."""
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 import time
@@ -16,8 +18,9 @@ from pathlib import Path
 import click
 import httpx
 
-from cli.client import Api, describe_error
+from cli.client import Api, describe_error, with_api
 from torchyard import datasets as fmt
+from torchyard.units import fmt_bytes
 
 UPLOAD_TIMEOUT = httpx.Timeout(30, write=600, read=600)  # the api indexes a shard before it answers
 
@@ -96,3 +99,65 @@ class _Progress:
             err=True,
             nl=last or not self.tty,
         )
+
+
+@click.group()
+def dataset() -> None:
+    """Datasets runs read by name (`"data": {"dataset": NAME}` in a run spec)."""
+
+
+@dataset.command("create")
+@click.argument("name")
+@click.option(
+    "--from",
+    "sources",
+    multiple=True,
+    required=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="a folder (every file under it) or a file; repeatable. Files named KEY.FIELD (0001.txt, 0001.cls): "
+    "the files of one KEY are one sample",
+)
+@click.option(
+    "--shard-bytes",
+    type=click.IntRange(1 << 16, None),
+    default=64 * 2**20,
+    show_default=True,
+    help="start a new shard before one passes this size",
+)
+@with_api
+def dataset_create(
+    name: str, sources: tuple[Path, ...], shard_bytes: int, api_url: str | None, token: str | None
+) -> None:
+    """Write NAME's shards from the files of --from and upload them one by one (one shard on this
+    disk at a time), then register it: progress on stderr."""
+    create(Api(api_url, token), name, list(sources), shard_bytes)
+
+
+@dataset.command("list")
+@with_api
+def dataset_list(api_url: str | None, token: str | None) -> None:
+    """List the datasets."""
+    listed = Api(api_url, token).call("GET", "/api/v1/datasets")
+    click.echo(f"{'NAME':<24} {'STATUS':<10} {'SAMPLES':>12} {'SHARDS':>6} {'SIZE':>10}  FIELDS")
+    for d in listed:
+        fields = ", ".join(d["schema"])
+        click.echo(
+            f"{d['name']:<24} {d['status']:<10} {d['samples']:>12,} {d['shards']:>6} {fmt_bytes(d['bytes']):>10}  {fields}"
+        )
+
+
+@dataset.command("show")
+@click.argument("name")
+@with_api
+def dataset_show(name: str, api_url: str | None, token: str | None) -> None:
+    """A dataset's fields and shards (with their sha256) as JSON."""
+    click.echo(json.dumps(Api(api_url, token).call("GET", f"/api/v1/datasets/{name}"), indent=2))
+
+
+@dataset.command("delete")
+@click.argument("name")
+@with_api
+def dataset_delete(name: str, api_url: str | None, token: str | None) -> None:
+    """Delete a dataset and its shards (refused while a run that has not ended reads it)."""
+    Api(api_url, token).call("DELETE", f"/api/v1/datasets/{name}")
+    click.echo(f"dataset {name} deleted")

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import click
 
-from cli.client import Api
+from cli.client import Api, with_api
 
 FOLLOW_EVERY_S = 2.0
 ENDED = {"succeeded", "failed", "cancelled"}
@@ -48,7 +49,7 @@ def trial_line(trial: dict[str, Any]) -> str:
     return line
 
 
-def follow(api: Api, sweep_id: int) -> int:
+def follow_sweep(api: Api, sweep_id: int) -> int:
     """Prints each trial as it starts and as it ends, until the sweep ends; 0 if it succeeded."""
     said: dict[int, str] = {}
     while True:
@@ -75,3 +76,40 @@ def _num(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+@click.group()
+def sweep() -> None:
+    """Hyperparameter sweeps: each trial an ordinary distributed run, chosen and pruned by Optuna."""
+
+
+@sweep.command("create")
+@click.argument("spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--follow", is_flag=True, help="print each trial as it starts and ends, until the sweep ends")
+@with_api
+def sweep_create(spec_file: Path, follow: bool, api_url: str | None, token: str | None) -> None:
+    """Create a sweep from SPEC_FILE (JSON: base, space, objective, n_trials, max_concurrent, sampler, pruner)."""
+    api = Api(api_url, token)
+    created = create(api, spec_file)
+    if follow:
+        sys.exit(follow_sweep(api, created["id"]))
+
+
+@sweep.command("show")
+@click.argument("sweep_id", type=int)
+@click.option("--follow", is_flag=True, help="then print each trial as it starts and ends, until the sweep ends")
+@with_api
+def sweep_show(sweep_id: int, follow: bool, api_url: str | None, token: str | None) -> None:
+    """A sweep and its trials: parameters, state, objective, the step reached, the run."""
+    api = Api(api_url, token)
+    show(api, sweep_id)
+    if follow:
+        sys.exit(follow_sweep(api, sweep_id))
+
+
+@sweep.command("cancel")
+@click.argument("sweep_id", type=int)
+@with_api
+def sweep_cancel(sweep_id: int, api_url: str | None, token: str | None) -> None:
+    """Cancel a sweep: no trial starts after this, and its unfinished runs are cancelled."""
+    cancel(Api(api_url, token), sweep_id)

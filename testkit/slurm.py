@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from cli.wait import wait_for
 from testkit.stack import RunningStack, mean_loss, sqlite_stack, submit_on_nodes
@@ -226,10 +227,10 @@ def slurm_cluster(root: Path, **kwargs: object) -> Iterator[SlurmCluster]:
 
 
 class SlurmStack:
+    """A Slurm cluster and a stack whose ``hpc`` pool is that cluster (``slurm_stack``)."""
+
     def __init__(self, cluster: SlurmCluster, stack: RunningStack) -> None:
         self.cluster, self.stack, self.client = cluster, stack, stack.client
-
-    """A Slurm cluster and a stack whose ``hpc`` pool is that cluster (``slurm_stack``)."""
 
     def submit(self, name: str, nodes: int, procs: int, pool: str = "hpc", **training: Any) -> int:
         return submit_on_nodes(self.client, name, nodes, procs, {"pool": pool}, **training)
@@ -262,6 +263,29 @@ def slurm_stack(tmp: Path) -> Iterator[SlurmStack]:
         ]
         with sqlite_stack(tmp / "stack", pools=pools, default_pool="local") as stack:
             yield SlurmStack(cluster, stack)
+
+
+def module_marks(*more: pytest.MarkDecorator) -> list[pytest.MarkDecorator]:
+    """A Slurm test module's ``pytestmark``: its tier, ``more``, a 2-minute bound, and a skip that
+    names what this host lacks."""
+    return [
+        pytest.mark.slurm,
+        *more,
+        pytest.mark.timeout(120),
+        pytest.mark.skipif(bool(missing()), reason=SKIP_REASON + ", ".join(missing())),
+    ]
+
+
+def module_stack(folder: str) -> Any:
+    """A module-scoped fixture ``env``: the module's own Slurm cluster and stack (``slurm_stack``)
+    under a temp folder named ``folder``; assign it as ``env = slurm.module_stack(...)``."""
+
+    @pytest.fixture(scope="module")
+    def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmStack]:
+        with slurm_stack(tmp_path_factory.mktemp(folder)) as running:
+            yield running
+
+    return env
 
 
 def wait_gone(cluster: SlurmCluster, job: str, timeout: float = 30) -> None:

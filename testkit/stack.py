@@ -113,6 +113,26 @@ def run_spec(
     }
 
 
+# A tiny model and few steps: a sweep's trial is mostly torchrun's start-up (about 5 s here).
+SWEEP_PARAMS = {"hidden": 16, "layers": 1, "samples": 256}
+
+
+def sweep_spec(steps: int = 6, **overrides: Any) -> dict[str, Any]:
+    """A sweep of 4 random trials, 2 at once, over the lr of a 2-rank run of the tiny mlp."""
+    return {
+        "name": "lr-sweep",
+        "base": run_spec(name="base", procs=2, steps=steps, batch_size=32, params=SWEEP_PARAMS),
+        "space": {"training.lr": {"type": "float", "low": 1e-3, "high": 0.1, "log": True}},
+        "objective": {"metric": "loss", "direction": "minimize", "take": "last"},
+        "n_trials": 4,
+        "max_concurrent": 2,
+        "sampler": "random",
+        "pruner": {"kind": "none"},
+        "seed": 0,
+        **overrides,
+    }
+
+
 def submit_on_nodes(
     client: Client, name: str, nodes: int, procs: int, resources: dict[str, Any] | None = None, **training: Any
 ) -> int:

@@ -60,15 +60,30 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     srv.stop()
 
 
-@pytest.fixture
-def session(tmp_path: Path) -> Iterator[Session]:
-    """A session on a freshly migrated SQLite database of the test's own (the data layer alone)."""
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+@contextmanager
+def migrated_session(url: str) -> Iterator[Session]:
     upgrade(url)
     engine = make_engine(url)
     with Session(engine) as s:
         yield s
     engine.dispose()
+
+
+@pytest.fixture
+def session(tmp_path: Path) -> Iterator[Session]:
+    """A session on a freshly migrated SQLite database of the test's own (the data layer alone)."""
+    with migrated_session(f"sqlite:///{tmp_path / 'db.sqlite'}") as s:
+        yield s
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def session_on_both(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Session]:
+    """A session on each database in turn (the test runs twice): a freshly migrated SQLite file of
+    the test's own, and the test session's PostgreSQL database. For code whose SQL the two spell
+    differently; a module takes it as its ``session`` by overriding that fixture."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    with migrated_session(url) as s:
+        yield s
 
 
 @pytest.fixture

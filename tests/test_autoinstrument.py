@@ -59,22 +59,24 @@ for step in range(int(sys.argv[1])):
 dist.destroy_process_group()
 """
 
-FSDP2 = """
+
+def mesh_script(imports: str, parallelize: str) -> str:
+    """A two-layer MLP on a 1-D CPU mesh of every rank, parallelized by ``parallelize`` (lines of
+    Python over ``model`` and ``mesh``), trained for ``argv[1]`` steps on random batches."""
+    return f"""
 import sys
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+{imports}
 
 dist.init_process_group("gloo")
 torch.manual_seed(0)
 mesh = init_device_mesh("cpu", (dist.get_world_size(),))
 model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
-fully_shard(model[0], mesh=mesh)
-fully_shard(model[2], mesh=mesh)
-fully_shard(model, mesh=mesh)
+{parallelize}
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 for step in range(int(sys.argv[1])):
     optimizer.zero_grad()
@@ -83,30 +85,18 @@ for step in range(int(sys.argv[1])):
     optimizer.step()
 dist.destroy_process_group()
 """
+
+
+FSDP2 = mesh_script(
+    "from torch.distributed.fsdp import fully_shard",
+    "fully_shard(model[0], mesh=mesh)\nfully_shard(model[2], mesh=mesh)\nfully_shard(model, mesh=mesh)",
+)
 
 # Tensor parallelism (DTensor): its collectives never go through torch.distributed.*
-TENSOR_PARALLEL = """
-import sys
-
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-dist.init_process_group("gloo")
-torch.manual_seed(0)
-mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
-parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-for step in range(int(sys.argv[1])):
-    optimizer.zero_grad()
-    loss = nn.functional.mse_loss(model(torch.randn(8, 16)), torch.randn(8, 8))
-    loss.backward()
-    optimizer.step()
-dist.destroy_process_group()
-"""
+TENSOR_PARALLEL = mesh_script(
+    "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module",
+    'parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})',
+)
 
 # Mixed precision's loss scaling and two micro-batches per step (their mean is the step's loss);
 # from step 4 on, the script logs a loss of its own.

@@ -5,18 +5,14 @@ likewise; from the rows for a short run and from the rollups for a long one."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy.orm import Session
 
 from backend import figures
-from backend.db import make_engine
 from backend.ingest import apply_entries
-from backend.migrate import upgrade
 from backend.models import Attempt, Run
 from testkit.stack import run_spec
 from torchyard import streams
@@ -31,14 +27,10 @@ ATTEMPTS = [
 ]
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def session(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Session]:
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
-    upgrade(url)
-    engine = make_engine(url)
-    with Session(engine) as s:
-        yield s
-    engine.dispose()
+@pytest.fixture
+def session(session_on_both: Session) -> Session:
+    """Both databases: the figures are aggregated in SQL."""
+    return session_on_both
 
 
 def resumed_run(

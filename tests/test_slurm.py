@@ -6,7 +6,6 @@ is a 422 naming it. The whole file is bounded to ~2 minutes on a loaded 2-core m
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +16,8 @@ from testkit import browser as chromium
 from testkit import slurm
 from testkit.stack import run_processes, run_spec
 
-pytestmark = [
-    pytest.mark.slurm,
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(bool(slurm.missing()), reason=slurm.SKIP_REASON + ", ".join(slurm.missing())),
-]
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm.SlurmStack]:
-    with slurm.slurm_stack(tmp_path_factory.mktemp("slurm")) as running:
-        yield running
+pytestmark = slurm.module_marks()
+env = slurm.module_stack("slurm")
 
 
 def test_two_nodes_on_slurm_match_one_node_on_our_worker_step_by_step(env: slurm.SlurmStack) -> None:

@@ -6,26 +6,14 @@ module (and cluster): ~1 minute, apart from ``test_slurm.py``'s two."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from cli.wait import wait_for
 from testkit import slurm
 from testkit.stack import metric_rows, row_gaps, run_processes
 
-pytestmark = [
-    pytest.mark.slurm,
-    pytest.mark.chaos,
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(bool(slurm.missing()), reason=slurm.SKIP_REASON + ", ".join(slurm.missing())),
-]
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm.SlurmStack]:
-    with slurm.slurm_stack(tmp_path_factory.mktemp("slurm-nodefail")) as running:
-        yield running
+pytestmark = slurm.module_marks(pytest.mark.chaos)
+env = slurm.module_stack("slurm-nodefail")
 
 
 def test_a_dead_node_is_requeued_by_slurm_and_the_run_resumes_from_its_checkpoint(env: slurm.SlurmStack) -> None:

@@ -5,17 +5,13 @@ rollups alike, the newest attempt's value where a resumed attempt logged a step 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy.orm import Session
 
 from backend import metrics, stragglers
-from backend.db import make_engine
 from backend.ingest import apply_entries
-from backend.migrate import upgrade
 from backend.models import Attempt, Run
 from backend.stragglers import RankTimes, attribute
 from testkit.stack import run_spec
@@ -77,15 +73,10 @@ def test_the_threshold_is_a_share_of_the_step_above_a_noise_floor() -> None:
     assert stragglers.threshold(ranks((1, 1, 1, 1), (1, 1, 1, 1))) == stragglers.NOISE_FLOOR_S
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def session(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Session]:
+@pytest.fixture
+def session(session_on_both: Session) -> Session:
     """Both databases: the heatmap sums its columns in SQL."""
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
-    upgrade(url)
-    engine = make_engine(url)
-    with Session(engine) as s:
-        yield s
-    engine.dispose()
+    return session_on_both
 
 
 def write(session: Session, run: Run, attempt: int, steps: range, values: Any) -> None:

@@ -9,8 +9,6 @@ parallel coordinates, importance and pruned-at steps, and the new-sweep form's 4
 from __future__ import annotations
 
 import json
-import math
-import statistics
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -19,20 +17,15 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from backend import sweep_study
-from backend.errors import InvalidRequest
-from backend.sweep_spec import SweepSpec, check_space, spec_with
 from cli.main import main as cli
 from cli.wait import wait_for
 from testkit.browser import browser_marks, shot
 from testkit.chaos import Chaos
-from testkit.stack import RunningStack, metric_rows, run_processes, run_spec, sqlite_stack
-from torchyard.spec import MlpParams, RunSpec
+from testkit.stack import SWEEP_PARAMS, RunningStack, metric_rows, run_processes, sqlite_stack, sweep_spec
+from torchyard.spec import MlpParams
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(150)]
 
-# A tiny model and few steps: a trial is mostly torchrun's start-up (about 5 s here).
-PARAMS = {"hidden": 16, "layers": 1, "samples": 256}
 STEPS, RUNG = 1500, 50  # the pruning sweep: a trial's steps, and ASHA's first rung
 
 
@@ -49,21 +42,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
 def ui_stack(stack: RunningStack) -> RunningStack:
     """The browser fixtures (tests/conftest.py: ``page``) on this module's stack and its sweeps."""
     return stack
-
-
-def sweep_spec(steps: int = 6, **overrides: Any) -> dict[str, Any]:
-    return {
-        "name": "lr-sweep",
-        "base": run_spec(name="base", procs=2, steps=steps, batch_size=32, params=PARAMS),
-        "space": {"training.lr": {"type": "float", "low": 1e-3, "high": 0.1, "log": True}},
-        "objective": {"metric": "loss", "direction": "minimize", "take": "last"},
-        "n_trials": 4,
-        "max_concurrent": 2,
-        "sampler": "random",
-        "pruner": {"kind": "none"},
-        "seed": 0,
-        **overrides,
-    }
 
 
 def ended_sweep(stack: RunningStack, sweep_id: int, timeout: float) -> dict[str, Any]:
@@ -121,101 +99,6 @@ def test_a_bad_sweep_is_refused_naming_what_is_wrong_before_any_run_starts(stack
     assert grid.status_code == 422 and "needs a step" in grid.text, grid.text
     assert http.get("/api/v1/sweeps").json()["total"] == 0, "no sweep was made"
     assert http.get("/api/v1/runs").json()["total"] == runs_before, "no run was made"
-
-
-def conditional_spec(**overrides: Any) -> dict[str, Any]:
-    """DDP's gradient hook, asked only in the trials that picked DDP (local SGD has none)."""
-    space = {
-        "strategy.kind": {"type": "categorical", "choices": ["ddp", "local_sgd"]},
-        "strategy.comm_hook": {
-            "type": "categorical",
-            "choices": ["allreduce", "fp16"],
-            "when": {"strategy.kind": ["ddp"]},
-        },
-        "strategy.period": {"type": "int", "low": 2, "high": 8, "when": {"strategy.kind": ["local_sgd"]}},
-        "training.lr": {"type": "float", "low": 1e-3, "high": 0.1, "log": True},
-    }
-    return sweep_spec(**{"space": space, "sampler": "tpe", **overrides})
-
-
-def refused(spec: dict[str, Any]) -> InvalidRequest:
-    with pytest.raises(InvalidRequest) as got:
-        check_space(SweepSpec.model_validate(spec))
-    return got.value
-
-
-@pytest.mark.timeout(30)
-def test_a_conditional_parameter_must_name_a_categorical_parameter_of_the_space_and_its_choices() -> None:
-    check_space(SweepSpec.model_validate(conditional_spec()))  # checked under the kind its condition picks
-    cases: list[tuple[str, dict[str, Any], list[Any], str]] = [
-        ("strategy.comm_hook", {"strategy.kindd": ["ddp"]}, ["strategy.kindd"], "not a parameter of the space"),
-        ("strategy.comm_hook", {"training.lr": [0.01]}, ["training.lr"], "a float parameter"),
-        ("strategy.comm_hook", {"strategy.kind": ["ddp", "zero"]}, ["strategy.kind"], "'zero' is not among"),
-        ("strategy.comm_hook", {"strategy.kind": []}, ["strategy.kind"], "lists no value"),
-        ("strategy.comm_hook", {"strategy.comm_hook": ["fp16"]}, ["strategy.comm_hook"], "itself"),
-        ("strategy.period", {"strategy.comm_hook": ["fp16"]}, ["strategy.comm_hook"], "itself conditional"),
-        # local SGD has no gradient hook: the path is checked where its condition holds
-        ("strategy.comm_hook", {"strategy.kind": ["local_sgd"]}, [], "where strategy.kind = 'local_sgd' has no field"),
-    ]
-    for path, when, loc_tail, words in cases:
-        spec = conditional_spec()
-        spec["space"][path]["when"] = when
-        error = refused(spec)
-        assert error.loc == ["body", "space", path, *(["when", *loc_tail] if loc_tail else [])], (when, error.loc)
-        assert path in error.msg and words in error.msg, (when, error.msg)
-    spec = conditional_spec()
-    spec["space"]["strategy.comm_hook"]["when"] = {"strategy.kind": [True]}  # a bool is not the choice "ddp"
-    assert "True is not among" in refused(spec).msg
-    spec = conditional_spec(sampler="grid")
-    spec["space"]["training.lr"] = {"type": "float", "low": 0.01, "high": 0.05, "step": 0.01}
-    error = refused(spec)
-    assert error.loc[:3] == ["body", "space", "strategy.comm_hook"] and "grid' cannot have a conditional" in error.msg
-
-
-@pytest.mark.timeout(60)
-def test_optuna_asks_a_conditional_parameter_only_where_its_condition_holds() -> None:
-    import optuna
-
-    spec = SweepSpec.model_validate(conditional_spec(n_trials=40, seed=3))
-    check_space(spec)
-    study = optuna.create_study(sampler=sweep_study.sampler(spec))  # TPE after its random start-up trials
-    kinds = []
-    for _ in range(spec.n_trials):
-        number, params = sweep_study.ask(study, spec)
-        kind = params["strategy.kind"]
-        kinds.append(kind)
-        assert ("strategy.comm_hook" in params) == (kind == "ddp"), params
-        assert ("strategy.period" in params) == (kind == "local_sgd"), params
-        assert set(study.trials[number].params) == set(params), "Optuna holds what the trial was given"
-        run = RunSpec.model_validate(spec_with(spec.base.model_dump(mode="json"), params))
-        assert run.strategy.kind == kind, "every trial's parameters make a valid run spec"
-        # the objective favours local SGD with a long period: TPE learns a conditional space
-        study.tell(number, params["training.lr"] + (1 / params["strategy.period"] if kind == "local_sgd" else 1.0))
-    assert {"ddp", "local_sgd"} == set(kinds)
-    assert kinds[-10:].count("local_sgd") >= 7, kinds
-    got = sweep_study.importance(spec, [(t.params, t.value) for t in study.trials if t.value is not None])
-    # weighed over the trials that have it: period (the objective rewards a long one) above the hook
-    assert set(got) == set(spec.space) and got["strategy.period"] > got["strategy.comm_hook"], got
-
-
-def test_cmaes_asks_within_the_space_and_moves_towards_the_best_values() -> None:
-    import optuna
-
-    space = {
-        "training.lr": {"type": "float", "low": 1e-4, "high": 1.0, "log": True},
-        "workload.params.hidden": {"type": "int", "low": 8, "high": 64, "step": 8},
-    }
-    spec = SweepSpec.model_validate({**conditional_spec(n_trials=30, seed=5), "space": space, "sampler": "cmaes"})
-    check_space(spec)
-    study = optuna.create_study(sampler=sweep_study.sampler(spec))
-    for _ in range(spec.n_trials):
-        number, params = sweep_study.ask(study, spec)
-        lr, hidden = params["training.lr"], params["workload.params.hidden"]
-        assert 1e-4 <= lr <= 1.0 and hidden in range(8, 65, 8), params
-        study.tell(number, (math.log10(lr) + 2) ** 2 + ((hidden - 40) / 8) ** 2)  # best at lr 0.01, hidden 40
-    assert type(study.sampler).__name__ == "CmaEsSampler"
-    first, last = (statistics.fmean(t.value for t in part) for part in (study.trials[:10], study.trials[-10:]))
-    assert last < first, f"CMA-ES's last 10 trials ({last:.2f}) no better than its first 10 ({first:.2f})"
 
 
 def test_a_sweep_runs_each_trial_as_a_two_rank_run_never_more_at_once_than_max_concurrent_across_an_api_kill(
@@ -281,7 +164,7 @@ def one_process_loss(lr: float) -> float:
     from workers.runtime.workloads import build_mlp
 
     seed_everything(0)
-    workload = build_mlp(MlpParams(**PARAMS), seed=0)
+    workload = build_mlp(MlpParams(**SWEEP_PARAMS), seed=0)
     optimizer = workload.make_optimizer(workload.model.parameters(), lr)
     feed = batches(workload, 32, rank=0, world=1, seed=0)
     losses = [plain_step(workload.model, optimizer, workload, next(feed)).item() for _ in range(GRID_STEPS)]

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cli.main import submit
+from cli.runs import submit
 from cli.wait import wait_for
 from testkit.browser import browser_marks, set_field, shot
 from testkit.stack import RunningStack, sqlite_stack

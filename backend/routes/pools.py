@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from backend import slurm
+from backend import slurm_pools
 from backend.deps import SessionDep, Viewer
 from backend.schemas import PoolOut
 from torchyard.settings import get_settings
@@ -16,4 +16,4 @@ router = APIRouter(prefix="/api/v1/pools", tags=["pools"])
 def list_pools(session: SessionDep, _viewer: Viewer) -> list[PoolOut]:
     settings = get_settings()
     default = settings.pool(None).name
-    return [slurm.describe_pool(session, settings, pool, pool.name == default) for pool in settings.pools]
+    return [slurm_pools.describe_pool(session, settings, pool, pool.name == default) for pool in settings.pools]
