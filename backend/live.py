@@ -121,26 +121,34 @@ async def _sse(
                     got, idle = await asyncio.wait_for(queue.get(), livefeed.RECHECK_S), False
                 except TimeoutError:
                     got, idle = [], True
+                # A viewer behind takes every batch waiting for it at once, to send them in one write:
+                # at 100 viewers of a busy run, a write per batch per viewer was the api's bound.
+                batches = [got]
+                while got is not livefeed.FEED_END and not queue.empty():
+                    got = queue.get_nowait()
+                    batches.append(got)
+                events = [event for batch in batches if batch for event in batch if reader.fresh(event)]
+                for event in events:
+                    reader.apply(event)
                 if got is livefeed.FEED_END:
                     assert feed is not None
                     feed.leave(queue)
-                    feed = queue = None  # read on our own from where we are
-                    continue
-                events = [event for event in got if reader.fresh(event)]
-                for event in events:
-                    reader.apply(event)
+                    feed = queue = None  # read on our own from where we are, once these are sent
+            out: list[bytes] = []
             if idle and not reader.finished:
-                yield b": keep-alive\n\n"
+                out.append(b": keep-alive\n\n")
             for event in events:
                 if event.body is None:
                     continue
                 if event.index is None:
                     if event.body != last_told:  # the same word of ingest, from our read and then the feed's
-                        yield event.body
+                        out.append(event.body)
                     last_told = event.body
                     continue
                 sent[event.index] = event.entry_id
-                yield b"id: " + streams.format_cursor(*sent).encode() + b"\n" + event.body
+                out.append(b"id: " + streams.format_cursor(*sent).encode() + b"\n" + event.body)
+            if out:
+                yield b"".join(out)
     finally:
         if feed is not None and queue is not None:
             feed.leave(queue)
