@@ -484,9 +484,14 @@ def test_a_sampled_step_is_served_and_drawn_as_every_ranks_timeline_next_to_the_
             assert union_length(drawn) / 1e6 == pytest.approx(figures["prof_compute_time_s"], abs=2e-6 * len(drawn))
         # the trace's figures are metrics too, at the sampled steps only
         assert always_on["prof_comm_time_s"][rank]["step"] == [10, 20]
-        # independent measures of one step's communication: the trace's Gloo spans, the hooks' futures
+        # Independent measures of one step's communication: the trace's Gloo spans, the hooks'
+        # futures. The hooks' also hold any time the rank was off the CPU before its future was
+        # marked done: with 2 ranks on 2 busy cores they differed 17x once in CI (0.55 vs 9.5 ms).
+        # So: both within the step, and of one size (a unit or step mix-up is 1000x).
         trace, hooks = figures["prof_comm_time_s"], always_on["comm_time_s"][rank]["value"][19]
-        assert abs(trace - hooks) <= 0.5 * max(trace, hooks) + 0.002, (rank, trace, hooks)
+        step_time = always_on["step_time_s"][rank]["value"][19]
+        assert 0 < trace <= step_time and 0 < hooks <= step_time, (rank, trace, hooks, step_time)
+        assert max(trace, hooks) <= 50 * min(trace, hooks), (rank, trace, hooks)
 
     missing = http.get(f"{base}/profiles/15")
     assert missing.status_code == 404 and "latest sampled: 20, 10" in missing.json()["detail"]
