@@ -14,12 +14,15 @@ from typing import Any
 
 import psycopg
 import pytest
+import redis
 from sqlalchemy.orm import Session
 
+from backend import lifecycle
 from backend.db import make_engine
 from backend.migrate import upgrade
 from cli.redis_server import RedisServer
 from testkit import browser as chromium
+from testkit.ingest import one_run
 from testkit.stack import RunningStack, sqlite_stack, start_stack
 
 PG_ADMIN_DSN = os.environ.get("TORCHYARD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -42,6 +45,16 @@ def pg_url() -> Iterator[str]:
     """A PostgreSQL database for this test session's database-level tests."""
     with fresh_database() as url:
         yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ingest_run(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[redis.Redis, int]]:
+    """For ingest's tests: a migrated database as the process-wide one, a private Redis, and a scheduled run."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    with one_run(tmp_path, url, monkeypatch, lifecycle.SCHEDULED) as found:
+        yield found
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,6 @@ the stream, and a worker's reports drive the run's state. Real Redis, real SQLit
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,21 +15,10 @@ from backend import lifecycle
 from backend.db import transaction
 from backend.ingest import Ingest, apply_entries
 from backend.models import Attempt, LogLine, Metric, Run
-from testkit.ingest import one_run
 from torchyard import streams
 from torchyard.settings import get_settings
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def env(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[redis.Redis, int]]:
-    """A migrated database as the process-wide one, a private Redis, and a scheduled run."""
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
-    with one_run(tmp_path, url, monkeypatch, lifecycle.SCHEDULED) as found:
-        yield found
 
 
 def metrics_entry(rank: int, steps: range, dropped: int = 0) -> dict[Any, Any]:
@@ -49,8 +36,8 @@ def drain(ingest: Ingest) -> None:
         pass
 
 
-def test_a_redelivered_batch_changes_nothing(env: tuple[redis.Redis, int]) -> None:
-    client, run_id = env
+def test_a_redelivered_batch_changes_nothing(ingest_run: tuple[redis.Redis, int]) -> None:
+    client, run_id = ingest_run
     stream = streams.run_stream(run_id)
     client.xadd(stream, metrics_entry(0, range(1, 11)))
     client.xadd(stream, metrics_entry(0, range(1, 11)))  # the SDK retried after a lost reply
@@ -67,9 +54,9 @@ def test_a_redelivered_batch_changes_nothing(env: tuple[redis.Redis, int]) -> No
 
 
 def test_live_viewers_hear_how_far_behind_storage_is_and_what_each_rank_dropped(
-    env: tuple[redis.Redis, int],
+    ingest_run: tuple[redis.Redis, int],
 ) -> None:
-    client, run_id = env
+    client, run_id = ingest_run
     stream, key = streams.run_stream(run_id), streams.ingested_key(run_id)
     client.xadd(stream, metrics_entry(0, range(1, 6)))
     client.xadd(stream, metrics_entry(1, range(1, 6), dropped=7))
@@ -90,8 +77,8 @@ def test_live_viewers_hear_how_far_behind_storage_is_and_what_each_rank_dropped(
     assert not [f for _, f in client.xrange(stream) if streams.decode(f)[0] == streams.INGESTED], "never a stream entry"
 
 
-def test_entries_a_dead_consumer_never_acked_are_taken_over(env: tuple[redis.Redis, int]) -> None:
-    client, run_id = env
+def test_entries_a_dead_consumer_never_acked_are_taken_over(ingest_run: tuple[redis.Redis, int]) -> None:
+    client, run_id = ingest_run
     stream = streams.run_stream(run_id)
     for rank in (0, 1):
         client.xadd(stream, metrics_entry(rank, range(1, 6)))
@@ -116,8 +103,8 @@ def test_entries_a_dead_consumer_never_acked_are_taken_over(env: tuple[redis.Red
     assert "dead" not in names and "busy" in names
 
 
-def test_a_malformed_entry_is_skipped_without_blocking_the_rest(env: tuple[redis.Redis, int]) -> None:
-    client, run_id = env
+def test_a_malformed_entry_is_skipped_without_blocking_the_rest(ingest_run: tuple[redis.Redis, int]) -> None:
+    client, run_id = ingest_run
     stream = streams.run_stream(run_id)
     client.xadd(stream, metrics_entry(0, range(1, 4)))
     client.xadd(stream, {"type": "metrics", "data": "{not json"})
@@ -128,8 +115,8 @@ def test_a_malformed_entry_is_skipped_without_blocking_the_rest(env: tuple[redis
     assert pending["pending"] == 0
 
 
-def test_worker_reports_move_the_run_and_a_repeated_exit_report_is_ignored(env: tuple[redis.Redis, int]) -> None:
-    client, run_id = env
+def test_worker_reports_move_the_run_and_a_repeated_exit_report_is_ignored(ingest_run: tuple[redis.Redis, int]) -> None:
+    client, run_id = ingest_run
     stream = streams.run_stream(run_id)
 
     def report(event: str, **fields: Any) -> None:
@@ -146,11 +133,13 @@ def test_worker_reports_move_the_run_and_a_repeated_exit_report_is_ignored(env: 
         assert attempt is not None and attempt.returncode == 1 and attempt.ended_at is not None
 
 
-def test_rollups_hold_each_blocks_extremes_once_and_long_ranges_read_from_them(env: tuple[redis.Redis, int]) -> None:
+def test_rollups_hold_each_blocks_extremes_once_and_long_ranges_read_from_them(
+    ingest_run: tuple[redis.Redis, int],
+) -> None:
     from backend import metrics
     from backend.models import MetricRollup
 
-    client, run_id = env
+    client, run_id = ingest_run
     stream = streams.run_stream(run_id)
     steps = 20_000
     for rank in (0, 1):
@@ -179,14 +168,14 @@ def test_rollups_hold_each_blocks_extremes_once_and_long_ranges_read_from_them(e
     assert abs(sum(coarse["aggregate"]["mean"]) / len(coarse["aggregate"]["mean"]) - 48.0) < 2.0
 
 
-def test_a_wide_view_after_a_resume_shows_the_newest_attempt(env: tuple[redis.Redis, int]) -> None:
+def test_a_wide_view_after_a_resume_shows_the_newest_attempt(ingest_run: tuple[redis.Redis, int]) -> None:
     """Attempt 1 logged steps 1–15,000 (loss 5.0), attempt 2 resumed at 10,000 and logged
     10,001–20,000 (loss 1.0): a view wide enough to read rollups shows 1.0 for every replayed step,
     as the rows do, and the across-rank mean of a block is 5.0 before the resume and 1.0 after it
     (it was 3.0 while rollups merged the attempts)."""
     from backend import metrics
 
-    client, run_id = env
+    client, run_id = ingest_run
     stream = streams.run_stream(run_id)
     for attempt, first, last, loss in ((1, 1, 15_000, 5.0), (2, 10_001, 20_000, 1.0)):
         for rank in (0, 1):
@@ -229,12 +218,12 @@ def warnings_of(run_id: int) -> dict[str, tuple[int, str]]:
 
 
 def test_metric_keys_past_the_bounds_are_dropped_counted_and_said(
-    env: tuple[redis.Redis, int], monkeypatch: pytest.MonkeyPatch
+    ingest_run: tuple[redis.Redis, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from backend import metrics
     from backend.limits import Drop
 
-    client, run_id = env
+    client, run_id = ingest_run
     bounded(monkeypatch, max_metric_keys=5)
     stream = streams.run_stream(run_id)
     long_key = "x" * (streams.MAX_KEY_CHARS + 1)
@@ -269,12 +258,12 @@ def test_metric_keys_past_the_bounds_are_dropped_counted_and_said(
 
 
 def test_log_lines_are_cut_and_a_runs_log_volume_is_capped_and_said(
-    env: tuple[redis.Redis, int], monkeypatch: pytest.MonkeyPatch
+    ingest_run: tuple[redis.Redis, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from backend.limits import LOG_BYTES, Drop
     from backend.models import RunCounter
 
-    client, run_id = env
+    client, run_id = ingest_run
     bounded(monkeypatch, max_log_line_bytes=1024, max_log_bytes_per_run=8192)
     stream = streams.run_stream(run_id)
     huge = "é" * 3000  # 6,000 bytes of two-byte characters: the cut never splits one

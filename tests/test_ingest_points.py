@@ -7,7 +7,6 @@ the stream carried it. Real Redis, SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +24,6 @@ from testkit.ingest import one_run
 from torchyard import streams
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def env(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[redis.Redis, int]]:
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
-    with one_run(tmp_path, url, monkeypatch, lifecycle.SCHEDULED) as found:
-        yield found
 
 
 @pytest.fixture
@@ -80,9 +70,9 @@ def exact(run_id: int) -> int:
 
 
 def test_a_replayed_entry_writes_nothing_twice_and_rollups_stay_exact(
-    env: tuple[redis.Redis, int], careful: list[int]
+    ingest_run: tuple[redis.Redis, int], careful: list[int]
 ) -> None:
-    client, run_id = env
+    client, run_id = ingest_run
     both = [add(client, run_id, 0, range(1, 101)), add(client, run_id, 1, range(1, 101))]
     assert apply(*both) == 400
     assert apply(*both) == 0  # delivered again: the ingest died after its commit, before its ack
@@ -91,9 +81,9 @@ def test_a_replayed_entry_writes_nothing_twice_and_rollups_stay_exact(
 
 
 def test_a_batch_of_stored_and_new_entries_writes_the_new_ones_as_they_came(
-    env: tuple[redis.Redis, int], careful: list[int]
+    ingest_run: tuple[redis.Redis, int], careful: list[int]
 ) -> None:
-    client, run_id = env
+    client, run_id = ingest_run
     first = add(client, run_id, 0, range(1, 51))
     assert apply(first) == 100
     # a ragged entry: keys of other lengths at some steps, NaN and null values (stored as NULL)
@@ -118,10 +108,10 @@ def test_a_batch_of_stored_and_new_entries_writes_the_new_ones_as_they_came(
 
 
 def test_a_point_stored_under_another_entry_sends_the_batch_the_careful_way(
-    env: tuple[redis.Redis, int], careful: list[int]
+    ingest_run: tuple[redis.Redis, int], careful: list[int]
 ) -> None:
     """The SDK resent steps 41-50 in a new entry after a lost reply, with steps 51-100."""
-    client, run_id = env
+    client, run_id = ingest_run
     assert apply(add(client, run_id, 0, range(1, 51))) == 100
     assert apply(add(client, run_id, 0, range(41, 101))) == 100
     assert careful == [120]
@@ -129,9 +119,9 @@ def test_a_point_stored_under_another_entry_sends_the_batch_the_careful_way(
 
 
 def test_an_entry_another_ingest_stored_after_the_check_is_not_written_twice(
-    env: tuple[redis.Redis, int], careful: list[int], monkeypatch: pytest.MonkeyPatch
+    ingest_run: tuple[redis.Redis, int], careful: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client, run_id = env
+    client, run_id = ingest_run
     entry = add(client, run_id, 0, range(1, 51))
     assert apply(entry) == 100
     # the other ingest committed the entry between this one's check and its insert
