@@ -77,6 +77,31 @@ def test_live_viewers_hear_how_far_behind_storage_is_and_what_each_rank_dropped(
     assert not [f for _, f in client.xrange(stream) if streams.decode(f)[0] == streams.INGESTED], "never a stream entry"
 
 
+def test_a_backlog_of_small_entries_is_one_batch_up_to_its_byte_bound(
+    ingest_run: tuple[redis.Redis, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, run_id = ingest_run
+    stream = streams.run_stream(run_id)
+    for step in range(1, 21):  # the SDK sends as soon as it is idle: many entries of a point or two
+        client.xadd(stream, metrics_entry(step % 2, range(step, step + 1)))
+    ingest = Ingest(client, batch=3)  # 3 entries a read
+    ingest._active()
+    assert ingest.poll(block_ms=50) == 20, "reads on while the stream holds more: one transaction"
+    assert count(Metric, run_id) == 40
+
+    size = sum(len(v) for v in metrics_entry(0, range(100, 101)).values())
+    monkeypatch.setattr("backend.ingest.BATCH_BYTES", 5 * size)
+    for step in range(100, 120):
+        client.xadd(stream, metrics_entry(0, range(step, step + 1)))
+    sizes = []
+    while handled := ingest.poll(block_ms=50):
+        sizes.append(handled)
+    assert sizes == [6, 6, 6, 2], "reads of 3 until the bound (5 entries' bytes) is passed"
+    assert count(Metric, run_id) == 80
+    pending: Any = client.xpending(stream, streams.INGEST_GROUP)
+    assert pending["pending"] == 0, "every entry acked (several ids in one XACK)"
+
+
 def test_entries_a_dead_consumer_never_acked_are_taken_over(ingest_run: tuple[redis.Redis, int]) -> None:
     client, run_id = ingest_run
     stream = streams.run_stream(run_id)

@@ -94,7 +94,9 @@ class Settings(BaseSettings):
     node_timeout_s: float = Field(15.0, gt=0, description="a node silent this long is lost")
     cancel_grace_s: float = Field(2.0, ge=0, description="SIGTERM to SIGKILL grace on cancel")
     scheduler_interval_s: float = Field(1.0, gt=0, description="scheduler pass period")
-    ingest_batch: int = Field(500, ge=1, description="stream entries per ingest transaction")
+    ingest_batch: int = Field(
+        500, ge=1, description="stream entries per read of ingest (a backlog is read on, up to ~4 MiB a transaction)"
+    )
     stream_keep_s: float = Field(
         5.0,
         ge=0,
