@@ -86,69 +86,75 @@ async def _sse(
 ) -> AsyncGenerator[bytes]:
     client = get_async_redis()
     feed: livefeed.Feed | None = None
-    queue: asyncio.Queue[list[livefeed.Event] | None] | None = None
+    queue: asyncio.Queue[livefeed.Batch | None] | None = None
     try:
-        # Per stream, the last entry sent (what event ids carry: a resume starts there); how far it
-        # has been read (``reader.read``) may be further: past entries never sent (a rank's entry
-        # of a type ranks may not write) and past a trimmed stretch the database had nothing of.
-        sent = list(
-            await livefeed.start_cursor(client, (streams.run_stream(run_id), streams.rank_stream(run_id)), start)
-        )
-        reader = livefeed.Reader(client, run_id, list(sent), finished)
+        # What has been sent (``livefeed.Sent``); how far it has been read (``reader.read``) may be
+        # further: past entries never sent (a rank's entry of a type ranks may not write) and past
+        # a trimmed stretch the database had nothing of.
+        cursor = await livefeed.start_cursor(client, (streams.run_stream(run_id), streams.rank_stream(run_id)), start)
         shared = get_settings().live_shared_feed
+        if start == "$" and shared and not finished and (running := livefeed.feeds.get(run_id)) is not None:
+            # "From now" where the run is watched here already: from where its shared reader is
+            # (within a read of now), joining it at once with no read of our own. 100 viewers
+            # arriving together each read on their own until at the head: 100 times the reading.
+            cursor = (running.reader.read[0], running.reader.read[1])
+            feed, queue = livefeed.Feed.join(run_id, list(cursor))
+        sent = livefeed.Sent(*cursor, told=None)
+        reader = livefeed.Reader(client, run_id, list(cursor), finished)
         yield b"retry: 1000\n\n"
         next_check = time.monotonic() + livefeed.RECHECK_S
-        last_told: bytes | None = None
         joining = False  # joined a shared reader, still reading on our own until at the head again
         while not reader.done and not await request.is_disconnected():
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + livefeed.RECHECK_S
                 if not await run_in_threadpool(_still_allowed, token_id, session_hash):
                     return  # token revoked or session ended: the browser's reconnect gets its 401
+            out: list[bytes] = []
             if queue is None or joining:
                 events, at_head, idle = await reader.next()
                 if queue is None and at_head and shared and not reader.finished:
                     # Joined, it reads on its own once more (and on, until at the head again): the
                     # shared reader may have sent entries after our read before we joined, and
                     # this read's clock is later than the one it read them under, so they are in
-                    # it. Then its events past ours (the filter below) follow on in the one order.
+                    # it. Then its events past ours (``reader.fresh``) follow on in the one order.
                     feed, queue = livefeed.Feed.join(run_id, reader.read)
                     joining = True
                 elif joining and at_head:
                     joining = False
+                body, sent = livefeed.render(events, sent)
+                out.append(body)
             else:
+                batches: list[livefeed.Batch | None] = []
                 try:
-                    got, idle = await asyncio.wait_for(queue.get(), livefeed.RECHECK_S), False
+                    batches.append(await asyncio.wait_for(queue.get(), livefeed.RECHECK_S))
+                    idle = False
                 except TimeoutError:
-                    got, idle = [], True
+                    idle = True
                 # A viewer behind takes every batch waiting for it at once, to send them in one write:
                 # at 100 viewers of a busy run, a write per batch per viewer was the api's bound.
-                batches = [got]
-                while got is not livefeed.FEED_END and not queue.empty():
-                    got = queue.get_nowait()
-                    batches.append(got)
-                events = [event for batch in batches if batch for event in batch if reader.fresh(event)]
-                for event in events:
-                    reader.apply(event)
-                if got is livefeed.FEED_END:
+                while not (batches and batches[-1] is livefeed.FEED_END) and not queue.empty():
+                    batches.append(queue.get_nowait())
+                for batch in batches:
+                    if batch is None:
+                        continue
+                    if (reader.read[0], reader.read[1]) == batch.before:  # the usual case: bytes made once
+                        body, sent = batch.render(sent)
+                        reader.read[:] = batch.after
+                        reader.finished = reader.finished or any(event.ends for event in batch.events)
+                    else:  # just joined: the events past what our own reads got
+                        events = [event for event in batch.events if reader.fresh(event)]
+                        for event in events:
+                            reader.apply(event)
+                        body, sent = livefeed.render(events, sent)
+                    out.append(body)
+                if batches and batches[-1] is livefeed.FEED_END:
                     assert feed is not None
                     feed.leave(queue)
                     feed = queue = None  # read on our own from where we are, once these are sent
-            out: list[bytes] = []
             if idle and not reader.finished:
-                out.append(b": keep-alive\n\n")
-            for event in events:
-                if event.body is None:
-                    continue
-                if event.index is None:
-                    if event.body != last_told:  # the same word of ingest, from our read and then the feed's
-                        out.append(event.body)
-                    last_told = event.body
-                    continue
-                sent[event.index] = event.entry_id
-                out.append(b"id: " + streams.format_cursor(*sent).encode() + b"\n" + event.body)
-            if out:
-                yield b"".join(out)
+                out.insert(0, b": keep-alive\n\n")
+            if data := b"".join(out):
+                yield data
     finally:
         if feed is not None and queue is not None:
             feed.leave(queue)

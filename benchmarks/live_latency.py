@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import re
 import statistics
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 
-import httpx
+import orjson
 
 from benchmarks.percentiles import pct
 from testkit.stack import RunningStack, sqlite_stack
@@ -46,43 +47,48 @@ torchyard.flush(30)
 """
 
 
-async def view(client: httpx.AsyncClient, run_id: int, measure: bool, until: float, out: list[float]) -> int:
-    """Holds the run's stream open until ``until``. A measured viewer times each point it receives
-    into ``out`` and returns the points; the others only drain the bytes (returned), as idle
-    browsers would: parsing 100 streams in this one process would measure this process."""
-    received = 0
-    async with client.stream("GET", f"/api/v1/runs/{run_id}/stream", params={"since": "$"}) as response:
-        response.raise_for_status()
-        if not measure:
-            async for chunk in response.aiter_raw():
-                received += len(chunk)
-                if time.time() > until:
-                    break
-            return received
-        event = ""
-        async for line in response.aiter_lines():
-            now = time.time()
-            if line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: ") and event == "metrics":
-                points = json.loads(line[6:])["points"]
-                out.extend(now - ts for _, ts, values in points for _ in values)
-                received += sum(len(values) for _, _, values in points)
-            if now > until:
+async def view(stack: RunningStack, run_id: int, measure: bool, until: float, out: list[float]) -> int:
+    """Holds the run's stream open until ``until``, on a bare socket (HTTP/1.0: no chunked framing to
+    undo): httpx's per-chunk cost, 100 times over, took this process's whole core and measured it,
+    not the api. A measured viewer times each point it receives into ``out`` and returns the
+    points; the others only drain the bytes (returned), as idle browsers would."""
+    address = urllib.parse.urlsplit(stack.url)
+    reader, writer = await asyncio.open_connection(address.hostname, address.port)
+    writer.write(
+        f"GET /api/v1/runs/{run_id}/stream?since=%24 HTTP/1.0\r\nHost: {address.netloc}\r\n"
+        f"Authorization: Bearer {stack.token}\r\nAccept: text/event-stream\r\n\r\n".encode()
+    )
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.split(b" ", 2)[1] == b"200", head
+    received, rest = 0, b""
+    try:
+        while (left := until - time.time()) > 0:
+            try:
+                chunk = await asyncio.wait_for(reader.read(1 << 16), left)
+            except TimeoutError:
                 break
+            if not chunk:
+                break
+            if not measure:
+                received += len(chunk)
+                continue
+            now = time.time()
+            *events, rest = (rest + chunk).split(b"\n\n")
+            for event in events:
+                if b"event: metrics\n" in event:
+                    points = orjson.loads(event[event.index(b"data: ") + 6 :])["points"]
+                    out.extend(now - ts for _, ts, values in points for _ in values)
+                    received += sum(len(values) for _, _, values in points)
+    finally:
+        writer.close()
     return received
 
 
 async def watch(stack: RunningStack, run_id: int, viewers: int, seconds: float) -> tuple[list[float], list[int]]:
     """Each measured viewer's latencies, and what each viewer received (points, or bytes for the idle ones)."""
     latencies: list[float] = []
-    # One client, a connection per viewer: a client each cost ~0.1 s of CPU to make (its TLS
-    # context), and 100 of them held the viewers' first bytes back 10 s.
-    headers = {"Authorization": f"Bearer {stack.token}"}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=stack.url, headers=headers, timeout=None, limits=limits) as client:
-        until = time.time() + seconds
-        counts = await asyncio.gather(*(view(client, run_id, i < MEASURED, until, latencies) for i in range(viewers)))
+    until = time.time() + seconds
+    counts = await asyncio.gather(*(view(stack, run_id, i < MEASURED, until, latencies) for i in range(viewers)))
     return latencies, list(counts)
 
 
@@ -91,7 +97,9 @@ def one(stack: RunningStack, rate: int, viewers: int, keys: int, seconds: float)
     run = stack.client.submit_script(f"live-{rate}-{viewers}", "paced.py", script, procs=2)
     stack.client.wait_status(run["id"], {"running"}, timeout=120)
     time.sleep(2)  # the ranks' start-up (import, rendezvous): measured points are steady-state ones
+    left_before = left_behind(stack)
     latencies, counts = asyncio.run(watch(stack, run["id"], viewers, seconds))
+    left = left_behind(stack) - left_before
     # settles the run before the next one: its 2 slots come back
     stack.client.wait_status(run["id"], {"succeeded"}, timeout=seconds + 120)
     ms = [s * 1000 for s in latencies]
@@ -100,8 +108,14 @@ def one(stack: RunningStack, rate: int, viewers: int, keys: int, seconds: float)
     return (
         f"rate={rate:>6}/s viewers={viewers:>3}  points/s per measured viewer={statistics.mean(measured) / seconds:>8,.0f}  "
         f"latency ms p50={pct(ms, 0.5):6.1f} p90={pct(ms, 0.9):6.1f} p99={pct(ms, 0.99):6.1f} max={pct(ms, 1.0):6.1f}  "
-        f"(n={len(latencies):,}){drained}"
+        f"(n={len(latencies):,}){drained}  left behind by the shared reader: {left}"
     )
+
+
+def left_behind(stack: RunningStack) -> int:
+    """Viewers the api's shared readers have left to read on their own so far (``/metrics``)."""
+    found = re.search(r"^torchyard_live_feed_left_behind_total (\S+)$", stack.client.http.get("/metrics").text, re.M)
+    return int(float(found.group(1))) if found else 0
 
 
 def main() -> None:

@@ -203,13 +203,14 @@ def test_viewers_of_a_run_share_one_reader_and_each_gets_every_event_once_in_one
     if not stack.settings.sqlalchemy_url.startswith("sqlite"):
         pytest.skip("the api's reading is the same on either database: once is enough")
     run_id = stack.client.submit(name="watched", steps=300, params={"hidden": 32}, log_every=1)["id"]
-    viewers = 6
-    seen: list[list[tuple[str, str, Any]]] = [[] for _ in range(viewers)]
+    viewers, from_now = 6, 2  # and 2 more from "now", once the shared reader runs: they join it at once
+    seen: list[list[tuple[str, str, Any]]] = [[] for _ in range(viewers + from_now)]
     failures: list[BaseException] = []
 
     def watch(index: int) -> None:
         try:
-            events = read(stack, run_id, "0-0", until=lambda e: e.event == "state" and e.data["status"] in TERMINAL)
+            start = {"last_event_id": "0-0"} if index < viewers else {"last_event_id": "", "since": "$"}
+            events = read(stack, run_id, **start, until=lambda e: e.event == "state" and e.data["status"] in TERMINAL)
             # an entry read back from the database lacks the counts of what its sender cut or dropped
             counts = ("cut", "dropped")
             seen[index] = [
@@ -219,11 +220,14 @@ def test_viewers_of_a_run_share_one_reader_and_each_gets_every_event_once_in_one
             failures.append(e)
 
     # half from the start, half once the run is under way (they read what they missed on their own first)
-    threads = [threading.Thread(target=watch, args=(i,), daemon=True) for i in range(viewers)]
+    threads = [threading.Thread(target=watch, args=(i,), daemon=True) for i in range(viewers + from_now)]
     for thread in threads[: viewers // 2]:
         thread.start()
     wait_for(lambda: stack.client.run(run_id)["last_step"] >= 50, 60, "the run to be under way", interval=0.1)
-    for thread in threads[viewers // 2 :]:
+    for thread in threads[viewers // 2 : viewers]:
+        thread.start()
+    wait_for(lambda: live_figures(stack)["live_feed_viewers"] >= 1, 30, "a shared reader", interval=0.05)
+    for thread in threads[viewers:]:
         thread.start()
     most = Counter[str]()
     while any(t.is_alive() for t in threads):
@@ -236,7 +240,11 @@ def test_viewers_of_a_run_share_one_reader_and_each_gets_every_event_once_in_one
 
     first = seen[0]
     assert first[-1][2]["status"] == "succeeded"
-    for other in seen[1:]:
+    for other in seen[viewers:]:
+        assert other and other == first[len(first) - len(other) :], (
+            f"a viewer from now got the others' events from where it joined: {len(other)} events, the first {other[:1]}"
+        )
+    for other in seen[1:viewers]:
         diff = next((i for i, (a, b) in enumerate(zip(first, other, strict=False)) if a != b), None)
         assert diff is None and len(other) == len(first), (
             f"every viewer got the same events, in the same order: {len(first)} and {len(other)} events, "
