@@ -6,9 +6,9 @@
    the request's start to the chart's pixels on screen (performance mark ``ty:loss-drawn``, set on
    the animation frame after uPlot's draw), split into server (request start → first byte),
    download and browser (parse, shape, draw); median and p90 over ``--loads`` cold loads.
-2. Live: a run streaming 1,000 and 10,000 points/s (``--rate``) for ``--live-s`` seconds each
-   while its page is open: the painted latency (a point's time stamp → the frame after its chart
-   drew it; p50/p90/p99/max), per-frame redraw time (p50/p95/max), frame intervals, and the JS
+2. Live: a rank logging 1,000 and 10,000 points/s (``--rate``) through the real SDK for
+   ``--live-s`` seconds each while its run's page is open: the painted latency (``log()`` → the
+   frame after its chart drew the point; p50/p90/p99/max), per-frame redraw time (p50/p95/max), frame intervals, and the JS
    heap after a forced GC before and after.
 
     python -m benchmarks.dashboard [--steps 1000000] [--live-s 20]
@@ -23,13 +23,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 from sqlalchemy.orm import Session
 
 from backend.db import make_engine
@@ -98,39 +96,61 @@ DRAWN_JS = """() => {
 }"""
 
 
+PRODUCER = """
+import sys, threading, time, torchyard
+step, rate = int(sys.argv[1]), int(sys.argv[2])
+stop = threading.Event()
+def commands():
+    for line in sys.stdin:
+        if line.strip() == "stop":
+            return stop.set()
+        print(step, flush=True)
+threading.Thread(target=commands, daemon=True).start()
+first, start = step, time.perf_counter()
+while not stop.is_set():
+    step += 1
+    torchyard.log(step, loss=1.0 / (1 + step / 5000), samples_per_s=1000.0)
+    ahead = (step - first) * 2 / rate - (time.perf_counter() - start)
+    if ahead > 0:
+        time.sleep(ahead)
+torchyard.flush(30)
+print(step, flush=True)
+"""
+
+
+def producer_step(producer: subprocess.Popen[str]) -> int:
+    assert producer.stdin is not None and producer.stdout is not None
+    producer.stdin.write("at\n")
+    producer.stdin.flush()
+    return int(producer.stdout.readline())
+
+
 def live(
-    browser: Any, url: str, token: str, client: redis.Redis, run_id: int, rate: int, seconds: float, step: list[int]
+    browser: Any, url: str, token: str, redis_url: str, run_id: int, rate: int, seconds: float, step: list[int]
 ) -> dict[str, float]:
-    """``rate`` points/s into the running run's stream, as the SDK would send them, while its page is
+    """``rate`` points/s from a rank's ``torchyard.log()`` into the running run's stream while its page is
     open: per-frame redraw time, frame intervals, the JS heap, and the painted latency (a point's
-    own time stamp → the animation frame after the charts drew it). Prints them; returns the main ones."""
+    time stamp, set by log() → the animation frame after the charts drew it). Prints them; returns the main ones."""
     context = browser.new_context(viewport={"width": 1440, "height": 1000}, base_url=url, bypass_csp=True)
     context.add_init_script("window.__tyPerf = []; window.__tyPaint = []")
     page = context.new_page()
     page.goto(f"/#/login?token={token}")
     page.wait_for_url("**/#/runs")
-    stop = threading.Event()
-    sent = [0]
-
-    def produce() -> None:
-        batch = max(1, rate // 20)  # the SDK flushes in batches: 20 a second
-        next_t = time.perf_counter()
-        while not stop.is_set():
-            now = time.time()
-            points = [
-                [step[0] + i + 1, now, {"loss": 1.0 / (1 + (step[0] + i) / 5000), "samples_per_s": 1000.0}]
-                for i in range(batch)
-            ]
-            step[0] += batch
-            client.xadd(
-                streams.run_stream(run_id), streams.encode(streams.METRICS, {"attempt": 1, "rank": 0, "points": points})
-            )
-            sent[0] += batch
-            next_t += batch / rate
-            time.sleep(max(0.0, next_t - time.perf_counter()))
-
-    producer = threading.Thread(target=produce, daemon=True)
-    producer.start()
+    # A rank of the run, logging through the real SDK (points stamped by log(), sent as the SDK sends
+    # them), paced at `rate` points/s (2 a log() call); it prints its last step when told to stop.
+    producer = subprocess.Popen(
+        [sys.executable, "-c", PRODUCER, str(step[0]), str(rate)],
+        env={
+            **os.environ,
+            "TORCHYARD_RANK_REDIS_URL": redis_url,
+            "TORCHYARD_RUN_ID": str(run_id),
+            "TORCHYARD_ATTEMPT": "1",
+            "RANK": "0",
+        },
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         page.goto(f"/#/runs/{run_id}")
         page.wait_for_function("+document.querySelector('[data-testid=loss-points]')?.dataset.points > 500")
@@ -149,22 +169,23 @@ def live(
             requestAnimationFrame(f); }"""
         )
         t0 = time.perf_counter()
-        sent0 = sent[0]
+        step0 = producer_step(producer)
         page.wait_for_timeout(seconds * 1000)
         elapsed = time.perf_counter() - t0
+        step1 = producer_step(producer)
         heap1 = heap_mb()
         redraw: list[float] = page.evaluate("window.__tyPerf.slice()")
         painted = [s * 1000 for s in page.evaluate("window.__tyPaint.slice()")]
         frames: list[float] = page.evaluate("window.__tyFrames.slice(1)")
         shown = page.evaluate("+document.querySelector('[data-testid=loss-points]').dataset.points")
     finally:
-        stop.set()
-        producer.join()
+        out, _ = producer.communicate("stop\n", timeout=60)
+        step[0] = int(out.split()[-1])
         context.close()
-    achieved = (sent[0] - sent0) / elapsed
+    achieved = (step1 - step0) * 2 / elapsed  # 2 points a step
     print(f"\nlive: {achieved:.0f} points/s for {elapsed:.0f} s into run {run_id} (one rank, loss + samples/s)")
     print(
-        f"  painted latency (point's stamp → the frame after its chart drew it): p50 {pct(painted, 0.5):.0f} ms,"
+        f"  painted latency (log() → the frame after its chart drew the point): p50 {pct(painted, 0.5):.0f} ms,"
         f" p90 {pct(painted, 0.9):.0f} ms, p99 {pct(painted, 0.99):.0f} ms, max {max(painted or [0]):.0f} ms"
         f" over {len(painted)} redraws"
     )
@@ -254,11 +275,9 @@ def main() -> None:
             }
             live_figures: dict[int, dict[str, float]] = {}
 
-            client = redis.Redis.from_url(redis_server.url)
             step = [0]
             for rate in args.rate or [1000, 10000]:
-                live_figures[rate] = live(browser, url, token, client, live_id, rate, args.live_s, step)
-            client.close()
+                live_figures[rate] = live(browser, url, token, redis_server.url, live_id, rate, args.live_s, step)
             print(json.dumps({"server_ms": statistics.median(server_ms), **drawn, "live": live_figures}))
             browser.close()
     finally:
