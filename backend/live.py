@@ -93,11 +93,12 @@ async def _sse(
         # a trimmed stretch the database had nothing of.
         cursor = await livefeed.start_cursor(client, (streams.run_stream(run_id), streams.rank_stream(run_id)), start)
         shared = get_settings().live_shared_feed
-        if start == "$" and shared and not finished and (running := livefeed.feeds.get(run_id)) is not None:
-            # "From now" where the run is watched here already: from where its shared reader is
-            # (within a read of now), joining it at once with no read of our own. 100 viewers
-            # arriving together each read on their own until at the head: 100 times the reading.
-            cursor = (running.reader.read[0], running.reader.read[1])
+        if start == "$" and shared and not finished:
+            # "From now" is at the head: join the run's shared reader at once, with no read of our
+            # own (100 viewers arriving together each read on their own until at the head, 100
+            # times the reading), from where it is (within a read of now), or start it here.
+            if (running := livefeed.feeds.get(run_id)) is not None:
+                cursor = (running.reader.read[0], running.reader.read[1])
             feed, queue = livefeed.Feed.join(run_id, list(cursor))
         sent = livefeed.Sent(*cursor, told=None)
         reader = livefeed.Reader(client, run_id, list(cursor), finished)
@@ -107,7 +108,7 @@ async def _sse(
         while not reader.done and not await request.is_disconnected():
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + livefeed.RECHECK_S
-                if not await run_in_threadpool(_still_allowed, token_id, session_hash):
+                if not await _allowed(token_id, session_hash):
                     return  # token revoked or session ended: the browser's reconnect gets its 401
             out: list[bytes] = []
             if queue is None or joining:
@@ -160,6 +161,27 @@ async def _sse(
             feed.leave(queue)
         with anyio.CancelScope(shield=True):  # a cancelled task's await would raise again at once
             await client.aclose()
+
+
+# Each credential's last check, shared by its streams in this process: 100 viewers of one token
+# each asked the database every RECHECK_S, all in the same instant (they opened together), and the
+# burst held every stream's events back ~200 ms.
+_checks: dict[tuple[int, str | None], tuple[float, asyncio.Future[bool]]] = {}
+
+
+async def _allowed(token_id: int, session_hash: str | None) -> bool:
+    """:func:`_still_allowed`, asked at most once per half ``RECHECK_S`` per credential: a revoked
+    token or ended session still ends its streams within 1.5 ``RECHECK_S``."""
+    now = time.monotonic()
+    key = (token_id, session_hash)
+    if (check := _checks.get(key)) is None or check[0] <= now:
+        for stale in [k for k, (expires, _) in _checks.items() if expires <= now]:
+            del _checks[stale]  # only live credentials' checks are kept
+        check = _checks[key] = (
+            now + livefeed.RECHECK_S / 2,
+            asyncio.ensure_future(run_in_threadpool(_still_allowed, token_id, session_hash)),
+        )
+    return await asyncio.shield(check[1])
 
 
 def _still_allowed(token_id: int, session_hash: str | None) -> bool:

@@ -203,7 +203,7 @@ def test_viewers_of_a_run_share_one_reader_and_each_gets_every_event_once_in_one
     if not stack.settings.sqlalchemy_url.startswith("sqlite"):
         pytest.skip("the api's reading is the same on either database: once is enough")
     run_id = stack.client.submit(name="watched", steps=300, params={"hidden": 32}, log_every=1)["id"]
-    viewers, from_now = 6, 2  # and 2 more from "now", once the shared reader runs: they join it at once
+    viewers, from_now = 6, 2  # and 2 more from "now": they join the shared reader at once
     seen: list[list[tuple[str, str, Any]]] = [[] for _ in range(viewers + from_now)]
     failures: list[BaseException] = []
 
@@ -221,13 +221,12 @@ def test_viewers_of_a_run_share_one_reader_and_each_gets_every_event_once_in_one
 
     # half from the start, half once the run is under way (they read what they missed on their own first)
     threads = [threading.Thread(target=watch, args=(i,), daemon=True) for i in range(viewers + from_now)]
+    threads[viewers].start()  # the first from now starts the shared reader, the second joins it
+    wait_for(lambda: live_figures(stack)["live_feed_viewers"] >= 1, 30, "a shared reader", interval=0.05)
     for thread in threads[: viewers // 2]:
         thread.start()
     wait_for(lambda: stack.client.run(run_id)["last_step"] >= 50, 60, "the run to be under way", interval=0.1)
-    for thread in threads[viewers // 2 : viewers]:
-        thread.start()
-    wait_for(lambda: live_figures(stack)["live_feed_viewers"] >= 1, 30, "a shared reader", interval=0.05)
-    for thread in threads[viewers:]:
+    for thread in threads[viewers // 2 : viewers] + threads[viewers + 1 :]:
         thread.start()
     most = Counter[str]()
     while any(t.is_alive() for t in threads):
