@@ -12,6 +12,7 @@ shows progress against it, and a cut-off download is detected as short)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tarfile
@@ -26,6 +27,7 @@ from sqlalchemy.orm import Session
 from backend.errors import NotFound
 from backend.runs import get_run
 from torchyard import checkpoints as layout
+from torchyard.runfiles import RunDir, UnsafeFile, open_regular
 from torchyard.settings import Settings
 
 CHUNK = 1 << 20
@@ -45,32 +47,44 @@ def run_root(settings: Settings, run_id: int) -> Path:
     return settings.checkpoints / str(run_id)
 
 
-def _files(directory: Path) -> list[tuple[str, os.stat_result]]:
-    """Every regular file under ``directory`` (relative POSIX path, stat), sorted; symbolic links,
-    devices and the like are left out: an archive never carries what is outside the checkpoint."""
+def _files(step: RunDir) -> list[tuple[str, os.stat_result]]:
+    """Every regular file in a checkpoint (relative POSIX path, stat), sorted; links, devices and
+    the like are left out: a listing never counts what is outside the checkpoint."""
     found = []
-    for base, dirs, names in os.walk(directory, followlinks=False):
-        dirs.sort()
-        for name in sorted(names):
-            path = Path(base, name)
-            info = path.lstat()
-            if stat.S_ISREG(info.st_mode):
-                found.append((path.relative_to(directory).as_posix(), info))
+    for top, names, dir_fd in step.walk():
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if stat.S_ISREG(info.st_mode):
+                    found.append((f"{top}/{name}" if top else name, info))
     return found
+
+
+def _open_step(path: Path) -> RunDir:
+    """The checkpoint directory ``<root>/step-<N>``, held open (never through a link the ranks put
+    there). FileNotFoundError: it is gone, or is a link now (the ranks rotated it, or swapped it)."""
+    with RunDir.open(path.parent) as root:
+        try:
+            return root.subdir(path.name)
+        except UnsafeFile:
+            raise FileNotFoundError(path) from None
 
 
 def _info(step: int, path: Path) -> CheckpointInfo | None:
     try:
-        files = _files(path)
-        completed = (path / layout.COMPLETE).stat().st_mtime
+        with _open_step(path) as directory:
+            files = _files(directory)
+            marker = os.stat(layout.COMPLETE, dir_fd=directory.fd, follow_symlinks=False)
     except FileNotFoundError:  # removed by the ranks' rotation (the newest two are kept) meanwhile
+        return None
+    if not stat.S_ISREG(marker.st_mode):
         return None
     return CheckpointInfo(
         step=step,
         path=path,
         size_bytes=sum(info.st_size for _name, info in files),
         files=len(files),
-        created_at=datetime.fromtimestamp(completed, UTC),
+        created_at=datetime.fromtimestamp(marker.st_mtime, UTC),
     )
 
 
@@ -103,16 +117,30 @@ class Archive:
         self.name = f"step-{info.step}"
         self.members: list[tuple[bytes, IO[bytes], int]] = []
         try:
-            for rel, listed in _files(info.path):
-                handle = open(info.path / rel, "rb")  # noqa: SIM115 (closed by close())
-                size = os.fstat(handle.fileno()).st_size
-                self.members.append((self._header(rel, size, listed.st_mtime), handle, size))
+            with _open_step(info.path) as directory:
+                for top, names, dir_fd in directory.walk():
+                    for name in names:
+                        self._add(f"{top}/{name}" if top else name, name, dir_fd)
         except FileNotFoundError:
             self.close()
             raise NotFound(
                 f"the checkpoint at step {info.step} was removed meanwhile (a newer one replaced it)"
             ) from None
+        except BaseException:
+            self.close()
+            raise
         self.length = sum(len(h) + _padded(size) for h, _f, size in self.members) + 2 * _BLOCK
+
+    def _add(self, rel: str, name: str, dir_fd: int) -> None:
+        """The file, if it is a regular one reached without a link: opened here (its size and
+        contents are those of what was opened, whatever the ranks do to the name afterwards)."""
+        try:
+            fd = open_regular(name, dir_fd)
+        except (UnsafeFile, FileNotFoundError):
+            return
+        handle = os.fdopen(fd, "rb")
+        info = os.fstat(fd)
+        self.members.append((self._header(rel, info.st_size, info.st_mtime), handle, info.st_size))
 
     def _header(self, rel: str, size: int, mtime: float) -> bytes:
         member = tarfile.TarInfo(f"{self.name}/{rel}")
@@ -127,7 +155,7 @@ class Archive:
                 while left:
                     chunk = handle.read(min(CHUNK, left))
                     if not chunk:  # the file shrank under us: end short, the client sees the Content-Length unmet
-                        raise OSError(f"{handle.name} ended {left} bytes early")
+                        raise OSError(f"a file of {self.name} ended {left} bytes early")
                     left -= len(chunk)
                     yield chunk
                 handle.close()

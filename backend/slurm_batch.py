@@ -23,10 +23,12 @@ from pathlib import Path
 
 from backend import attempts, bundles
 from backend.models import Attempt
+from torchyard.runfiles import RunDir
 from torchyard.settings import PoolConfig, Settings
 from torchyard.spec import RunSpec, ScriptConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+OUTPUT_TAIL_BYTES = 64 << 10  # of a failed job's output: enough for its last lines, whatever it printed
 TIME_SLACK_S = 120.0  # a job's time limit past max_duration_s: start-up, and Slurm's minute resolution
 # Settings the node agents need (a worker's), never the database's or the api's secrets.
 NODE_SETTINGS = (
@@ -122,7 +124,12 @@ def output_tail(work_dir: Path, attempt: Attempt, lines: int = 20) -> str:
     found = sorted((work_dir / "jobs").glob(f"run-{attempt.run_id}-attempt-*-{attempt.slurm_job_id}.out"))
     if not found:
         return ""
-    tail = found[-1].read_text(errors="replace").splitlines()[-lines:]
+    try:  # the job's own output, written as the run's user: no link followed, its end alone read
+        with RunDir.open(work_dir / "jobs") as jobs:
+            text = jobs.read_tail(found[-1].name, OUTPUT_TAIL_BYTES).decode(errors="replace")
+    except OSError:
+        return ""
+    tail = text.splitlines()[-lines:]
     return ("; the job's output ends:\n" + "\n".join(tail)) if tail else ""
 
 

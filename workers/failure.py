@@ -16,11 +16,16 @@ Where the exception comes from, best first:
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchyard.runfiles import RunDir
+
+ERROR_FILE = "error.json"
+MAX_ERROR_FILE = 1 << 20  # bytes: torch writes a message and a traceback; a larger file is not its
 FRAMES = 8  # the innermost frames of the traceback kept in the reason
 FRAME = re.compile(r'^\s*File "(?P<path>.+)", line (?P<line>\d+), in (?P<func>.+)$')
 TRACEBACK_START = "Traceback (most recent call last):"
@@ -55,26 +60,50 @@ def describe(
 
 
 def first_error(log_dir: Path) -> RankError | None:
-    """The first error file written in torchrun's last restart round, read."""
-    found: list[tuple[int, int, Path]] = []  # (restart round, written at (ns), file)
-    for path in log_dir.glob("*/attempt_*/*/error.json"):
+    """The first error file written in torchrun's last restart round, read. The ranks can write
+    there: nothing is followed through a link, and a file that is not regular or is larger than
+    ``MAX_ERROR_FILE`` is passed over (the reason then comes from the rank's printed traceback)."""
+    try:
+        logs = RunDir.open(log_dir)
+    except OSError:
+        return None
+    with logs:
         try:
-            found.append((int(path.parent.parent.name.removeprefix("attempt_")), path.stat().st_mtime_ns, path))
-        except (ValueError, OSError):
-            continue
-    last_round = max((r for r, _, _ in found), default=None)
-    for _, _, path in sorted(f for f in found if f[0] == last_round):
-        if (error := _read(path)) is not None:
-            return error
+            found = _error_files(logs)
+        except OSError:  # a directory swapped for a link while it was listed: the run's own doing
+            found = []
+        last_round = max((r for r, _, _ in found), default=None)
+        for _, _, relative in sorted(f for f in found if f[0] == last_round):
+            if (error := _read(logs, relative)) is not None:
+                return error
     return None
 
 
-def _read(path: Path) -> RankError | None:
+def _error_files(logs: RunDir) -> list[tuple[int, int, str]]:
+    """(restart round, written at (ns), path) of each ``<run>/attempt_<round>/<local rank>/error.json``."""
+    found = []
+    for name in logs.subdirs():
+        with logs.subdir(name) as run:
+            for attempt in run.subdirs():
+                restart_round = attempt.removeprefix("attempt_")
+                if attempt == restart_round or not restart_round.isdigit():
+                    continue
+                with run.subdir(attempt) as rounds:
+                    for local in rounds.subdirs():
+                        try:
+                            info = os.stat(f"{local}/{ERROR_FILE}", dir_fd=rounds.fd, follow_symlinks=False)
+                        except OSError:
+                            continue
+                        found.append((int(restart_round), info.st_mtime_ns, f"{name}/{attempt}/{local}/{ERROR_FILE}"))
+    return found
+
+
+def _read(logs: RunDir, relative: str) -> RankError | None:
     try:
-        message = json.loads(path.read_text(errors="replace"))["message"]
+        message = json.loads(logs.read(relative, MAX_ERROR_FILE).decode(errors="replace"))["message"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    local = f"local rank {path.parent.name}"
+    local = f"local rank {relative.split('/')[-2]}"
     if isinstance(message, str):  # torch's other format: the message alone
         return RankError(message, local, "")
     if not isinstance(message, dict):

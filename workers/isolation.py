@@ -81,10 +81,12 @@ def give(path: Path, user: RunUser, platform_group: int | None = None) -> None:
     leaves it group-readable). Checkpoints are shared so: the api serves them, and in docker-compose
     it runs as the image's user, not as the root worker (README "docker-compose")."""
     gid = user.gid if platform_group is None else platform_group
-    for root, dirs, files in os.walk(path):
+    # Through directory handles, never a link: what is in there may be an earlier attempt's, whose
+    # ranks could swap a directory for a link to the platform's files while it is walked.
+    for _top, dirs, files, dir_fd in os.fwalk(path, follow_symlinks=False):
         for name in (*dirs, *files):
-            os.lchown(os.path.join(root, name), user.uid, gid)
-    os.chown(path, user.uid, gid)
+            os.chown(name, user.uid, gid, dir_fd=dir_fd, follow_symlinks=False)
+    os.chown(path, user.uid, gid, follow_symlinks=False)
     path.chmod(0o700 if platform_group is None else 0o2750)
 
 
