@@ -17,6 +17,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
+from sqlalchemy.exc import OperationalError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from backend import lifecycle
@@ -42,6 +43,7 @@ from backend.routes import (
 from torchyard.settings import get_settings
 
 log = logging.getLogger(__name__)
+DATABASE_RETRY_AFTER_S = 1  # a 503's Retry-After when the database was busy (another writer's lock)
 CHECKOUT_DIST = Path(__file__).resolve().parent.parent / "frontend" / "dist"  # a source checkout's build
 
 # Every response: only our own scripts, styles and images run (the built front end has no inline
@@ -179,6 +181,19 @@ def create_app() -> FastAPI:
     @app.exception_handler(LimitExceeded)
     async def _limit(_request: Request, exc: LimitExceeded) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status.HTTP_429_TOO_MANY_REQUESTS)
+
+    @app.exception_handler(OperationalError)
+    async def _database_busy(_request: Request, exc: OperationalError) -> JSONResponse:
+        # A lock another writer held past the busy timeout (SQLite's "database is locked"), a
+        # serialization failure or deadlock (PostgreSQL), or the database out of reach: the request
+        # changed nothing (its transaction rolled back), so the client may send it again.
+        cause = str(exc.orig).splitlines()[0] if exc.orig else type(exc).__name__
+        log.warning("database unavailable for %s %s: %s", _request.method, _request.url.path, cause)
+        return JSONResponse(
+            {"detail": f"the database is busy or out of reach ({cause}): nothing was changed; try again"},
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+        )
 
     @app.exception_handler(InvalidRequest)
     async def _invalid(_request: Request, exc: InvalidRequest) -> JSONResponse:

@@ -26,12 +26,13 @@ REQUEST_SLOTS = POOL_SIZE + POOL_OVERFLOW - 8
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
+        busy_s = get_settings().sqlite_busy_timeout_s
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(
             url,
-            connect_args={"check_same_thread": False, "timeout": 30},
+            connect_args={"check_same_thread": False, "timeout": busy_s},
             pool_size=POOL_SIZE,
             max_overflow=POOL_OVERFLOW,
         )
@@ -42,7 +43,7 @@ def make_engine(url: str) -> Engine:
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute(f"PRAGMA busy_timeout={int(busy_s * 1000)}")
             cursor.close()
 
         return engine

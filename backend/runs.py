@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
-from backend import errors, executors, lifecycle, nodes
+from backend import admission, errors, executors, lifecycle, nodes
 from backend.errors import NotFound
 from backend.models import Attempt, LogLine, Node, Run, RunEvent, StepProfile, Token
 from torchyard.settings import get_settings
@@ -34,16 +34,7 @@ def create_run(
     allow_waiting_for_nodes: bool = False,
 ) -> Run:
     warnings = check_cluster_can_hold(session, spec.resources, allow_waiting_for_nodes)
-    priority = spec.resources.priority
-    member = owner is not None and owner.role != "admin"
-    if member and max_member_priority is not None and priority > max_member_priority:
-        # Else any member could jump every queue.
-        raise errors.InvalidRequest(
-            ["body", "resources", "priority"],
-            f"resources.priority ({priority}) is above {max_member_priority}, the most a member may set "
-            "(TORCHYARD_MAX_MEMBER_PRIORITY): a higher priority needs an admin token",
-            priority,
-        )
+    admission.check_priority(spec.resources.priority, owner, max_member_priority)
     if owner is not None and max_in_flight is not None:
         in_flight = unfinished_count(session, owner)
         if in_flight >= max_in_flight:

@@ -18,7 +18,9 @@ from typing import Annotated, Any, Literal
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from backend import admission
 from backend.errors import InvalidRequest
+from backend.models import Token
 from torchyard.spec import MAX_STEPS, RunSpec
 from torchyard.streams import MAX_KEY_CHARS
 
@@ -154,11 +156,15 @@ class SweepSpec(_Strict):
     seed: int | None = Field(None, ge=0, le=2**32 - 1, description="the sampler's seed (default: random)")
 
 
-def check_space(spec: SweepSpec) -> None:
+def check_space(spec: SweepSpec, owner: Token | None = None, max_member_priority: int | None = None) -> None:
     """Every path names a field of the base spec that the parameter's values fit: the bounds and each
-    choice, set alone into the base spec, must give a valid spec (InvalidRequest names the first
-    that does not). Values that only clash together are found per trial (that trial fails)."""
+    choice, set alone into the base spec, must give a valid spec and one ``owner`` may submit (the
+    rules of ``runs.create_run``: a member's priority bound); InvalidRequest names the first that
+    does not. Values that only clash together are found per trial (that trial fails)."""
     base = spec.base.model_dump(mode="json")
+    admission.check_priority(
+        spec.base.resources.priority, owner, max_member_priority, ["body", "base", "resources", "priority"]
+    )
     _check_conditions(spec)
     # Unconditional parameters first: a condition's contexts below set them.
     for path, param in sorted(spec.space.items(), key=lambda item: item[1].when is not None):
@@ -174,7 +180,7 @@ def check_space(spec: SweepSpec) -> None:
                 raise InvalidRequest(loc, f"space[{path!r}] is a float parameter but {path} takes integers", path)
             for value in _probes(param):
                 try:
-                    RunSpec.model_validate(spec_with(base, {**context, path: value}))
+                    probe = RunSpec.model_validate(spec_with(base, {**context, path: value}))
                 except ValidationError as exc:
                     first = exc.errors()[0]
                     where = ".".join(str(p) for p in first["loc"]) or path
@@ -183,6 +189,9 @@ def check_space(spec: SweepSpec) -> None:
                         f"space[{path!r}]: {path} = {value!r}{on} makes the base spec invalid: {where}: {first['msg']}",
                         value,
                     ) from None
+                admission.check_priority(
+                    probe.resources.priority, owner, max_member_priority, loc, f"space[{path!r}]: resources.priority"
+                )
     if spec.sampler == "grid":
         points = 1
         for path, param in spec.space.items():

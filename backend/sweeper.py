@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 
 from backend import leader, lifecycle, run_signals, runs, sweep_spec, sweep_study, sweeps
 from backend.db import transaction
+from backend.errors import InvalidRequest
 from backend.models import Sweep, SweepTrial, Token, utcnow
 from backend.sweep_spec import AshaPruner, SweepSpec
 from torchyard import streams
@@ -188,14 +189,19 @@ class SweepController:
             session.flush()
             return trial
         settings = self.settings
-        run = runs.create_run(
-            session,
-            run_spec,
-            owner,
-            settings.max_runs_in_flight,
-            settings.max_member_priority,
-            settings.allow_waiting_for_nodes,
-        )
+        try:
+            run = runs.create_run(
+                session,
+                run_spec,
+                owner,
+                settings.max_runs_in_flight,
+                settings.max_member_priority,
+                settings.allow_waiting_for_nodes,
+            )
+        except InvalidRequest as exc:  # a rule of the owner's (priority): this trial fails, the sweep goes on
+            _end(study, trial, TrialState.FAILED, f"its parameters make a run its owner cannot submit: {exc.msg}")
+            session.flush()
+            return trial
         trial.run = run
         session.flush()
         return trial

@@ -18,6 +18,8 @@ from cli import sse
 from torchyard.settings import Settings, get_settings
 from torchyard.states import TERMINAL
 
+BUSY_RETRIES = 5  # times a 503 with Retry-After (a busy database) is sent again before it is shown
+
 
 class Api:
     """The api at ``url`` (or TORCHYARD_API_URL, or the saved credentials) as ``token``."""
@@ -32,10 +34,16 @@ class Api:
         self.client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = self.client.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise click.ClickException(f"cannot reach the api at {self.url}: {exc}") from exc
+        for attempt in range(BUSY_RETRIES + 1):
+            try:
+                response = self.client.request(method, path, **kwargs)
+            except httpx.HTTPError as exc:
+                raise click.ClickException(f"cannot reach the api at {self.url}: {exc}") from exc
+            # 503 + Retry-After: the database was busy and nothing was changed, so the request is sent again.
+            retry_after = response.headers.get("Retry-After", "")
+            if response.status_code != 503 or not retry_after.isdigit() or attempt == BUSY_RETRIES:
+                break
+            time.sleep(min(int(retry_after), 10))
         if response.status_code >= 400:
             raise click.ClickException(f"{response.status_code}: {describe_error(response)}")
         return response.json() if response.content else None

@@ -88,7 +88,9 @@ class Stack:
         redis_url = s.redis_url
         if not redis_url:
             progress("starting a private redis-server")
-            self.redis = RedisServer(s.state_dir / "redis", port=self.redis_port).start()
+            self.redis = RedisServer(
+                s.state_dir / "redis", port=self.redis_port, max_memory_bytes=s.redis_max_memory_bytes
+            ).start()
             redis_url = self.redis.url
         url = f"http://{s.host}:{s.port}"
         s = self.settings = s.model_copy(

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from cli.wait import wait_for
 from torchyard.net import free_port
+from torchyard.settings import Settings
+from torchyard.streams import REDIS_MAX_BULK_BYTES
 
 
 def redis_server_binary() -> str:
@@ -39,12 +41,23 @@ class RedisServer:
     ``torchyard`` with a password made once and kept 0600 in the data dir (``url`` carries it); the
     workers add a user per attempt that may only XADD to its run's rank stream. Users live in an
     ACL file (``users.acl``, 0600) that the workers ``ACL SAVE`` to, so a restarted Redis still
-    knows the attempts' users of runs that are still training."""
+    knows the attempts' users of runs that are still training.
+
+    Memory is bounded (README "Limits"): ``maxmemory`` with ``noeviction`` (past it a write fails;
+    no key is ever evicted, so the platform never loses a stream entry or a heartbeat silently),
+    and ``proto-max-bulk-len`` just above the largest entry ingest accepts, so Redis refuses a
+    rank's oversize XADD while reading it instead of holding it."""
 
     def __init__(
-        self, data_dir: Path, port: int | None = None, addresses: tuple[str, ...] = (), binary: str | None = None
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        addresses: tuple[str, ...] = (),
+        binary: str | None = None,
+        max_memory_bytes: int = Settings.model_fields["redis_max_memory_bytes"].default,
     ) -> None:
         self.data_dir, self.binary = data_dir, binary or redis_server_binary()
+        self.max_memory_bytes = max_memory_bytes
         self.port = port or free_port()
         self.addresses = ("127.0.0.1", *addresses)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -102,6 +115,12 @@ class RedisServer:
                 str(acl),
                 "--logfile",
                 str(self.data_dir / "redis.log"),
+                "--maxmemory",
+                str(self.max_memory_bytes),
+                "--maxmemory-policy",
+                "noeviction",
+                "--proto-max-bulk-len",
+                str(REDIS_MAX_BULK_BYTES),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -79,11 +79,13 @@ def _zip_entry_count(path: Path) -> int:
 
 
 def check_member_name(name: str) -> None:
+    """BadBundle when an archive member's name could land outside where it is unpacked or read:
+    absolute (POSIX, Windows drive or backslash) or climbing with ``..``. Bundles and dataset shards alike."""
     path = PurePosixPath(name.replace("\\", "/"))
     if name.startswith(("/", "\\")) or path.is_absolute() or (len(name) > 1 and name[1] == ":"):
         raise BadBundle(f"member {name!r} has an absolute path")
     if ".." in path.parts:
-        raise BadBundle(f"member {name!r} climbs out of the bundle with '..'")
+        raise BadBundle(f"member {name!r} climbs out of the archive with '..'")
 
 
 def _zip_is_link(info: zipfile.ZipInfo) -> bool:

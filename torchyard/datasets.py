@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
+from torchyard.archive import check_member_name
+
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"  # a dataset's name: also its folder, so no "/" nor a leading "."
 DEFAULT_SHARD_BYTES = 64 * 2**20  # ~64 MB: large enough to stream at disk speed, small enough to spread
 MAX_SHARDS = 100_000
@@ -84,7 +86,7 @@ def split_member(name: str) -> tuple[str, str]:
     path = PurePosixPath(name)
     stem, dot, fieldname = path.name.partition(".")
     if not stem or not dot or not fieldname:
-        raise ValueError(f"{name!r} is not named KEY.FIELD (e.g. 0001.txt, 0001.cls)")
+        raise ValueError(f"member {name!r} is not named KEY.FIELD (e.g. 0001.txt, 0001.cls)")
     return str(path.parent / stem) if str(path.parent) != "." else stem, fieldname
 
 
@@ -210,9 +212,10 @@ def index_shard(tar_path: Path, idx_path: Path, sha256: str) -> ShardIndex:
                         f"member {member.name!r} is not a regular file (links, devices and sparse files are refused)"
                     )
                 try:
+                    check_member_name(member.name)  # as a bundle's: never absolute, never climbing with '..'
                     key, fieldname = split_member(member.name)
-                except ValueError as exc:
-                    raise BadShard(f"member {exc}") from None
+                except ValueError as exc:  # BadBundle is one
+                    raise BadShard(str(exc)) from None
                 if key != last_key:
                     samples, last_key, seen = samples + (last_key is not None), key, set()
                 if fieldname in seen:

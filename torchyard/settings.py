@@ -64,7 +64,15 @@ class Settings(BaseSettings):
         description="SQLite database, private Redis, worker state and run directories",
     )
     database_url: str = Field("", description="SQLAlchemy URL; default SQLite in state_dir")
+    sqlite_busy_timeout_s: float = Field(
+        30.0, gt=0, le=600, description="how long a SQLite write waits for another's lock before the api answers 503"
+    )
     redis_url: str = Field("", description="Redis for broker and streams; `up` starts one if empty")
+    redis_max_memory_bytes: int = Field(
+        1 << 30,
+        ge=64 << 20,
+        description="the private Redis's maxmemory (noeviction: past it writes fail, no platform key is evicted)",
+    )
     api_url: str = Field("http://127.0.0.1:8000", description="where the CLI and workers reach the api")
     token: str = Field("", description="bearer token the CLI sends")
     admin_token: str = Field("", description="admin token `up` installs instead of a new one")

@@ -86,6 +86,10 @@ RANK_LIMITS = {
     "facts_bytes": 4 << 10,  # one facts entry's facts JSON (a few hundred bytes)
 }
 
+# Redis itself refuses a larger argument (``proto-max-bulk-len``): a rank's oversize entry never
+# reaches Redis's memory. Twice the largest entry ingest accepts; 1 MiB is Redis's least.
+REDIS_MAX_BULK_BYTES = max(2 * RANK_LIMITS["entry_bytes"], 1 << 20)
+
 _STREAM_KEY = re.compile(r"^ty:run:(\d{1,18})(:in)?$")
 
 

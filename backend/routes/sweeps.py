@@ -65,7 +65,7 @@ def create_sweep(spec: SweepSpec, session: SessionDep, redis: RedisDep, token: M
         bundles.check_script_workload(settings, spec.base.workload)
     datasets.check_run_data(session, spec.base)
     runs.check_cluster_can_hold(session, spec.base.resources, settings.allow_waiting_for_nodes)
-    sweep_spec.check_space(spec)
+    sweep_spec.check_space(spec, token, settings.max_member_priority)
     sweep = sweeps.create_sweep(session, spec, token)
     session.commit()
     redis.rpush(streams.SWEEPER_WAKE, sweep.id)

@@ -1,0 +1,111 @@
+"""What a member's token can submit that used to be taken and then fail later, or fail badly:
+a sweep whose space (or base) asks for a priority the member may not set is a 422 at submit
+(it used to be accepted, then its controller failed every pass forever); a dataset shard whose
+members are named absolute or with ``..`` is refused like a bundle's; and a database held by
+another writer answers 503 with Retry-After (nothing changed), never a 500."""
+
+from __future__ import annotations
+
+import io
+import sqlite3
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from backend.app import create_app
+from backend.db import get_engine, get_sessionmaker, transaction
+from backend.errors import InvalidRequest
+from backend.migrate import upgrade
+from backend.models import Token
+from backend.security import create_token
+from backend.sweep_spec import SweepSpec, check_space
+from cli.redis_server import RedisServer
+from testkit.stack import sweep_spec
+from torchyard import datasets
+from torchyard.settings import get_settings
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+MEMBER, ADMIN = Token(name="member", role="member"), Token(name="admin", role="admin")
+
+
+def priority_sweep(**base_resources: Any) -> SweepSpec:
+    spec = sweep_spec()
+    spec["space"]["resources.priority"] = {"type": "int", "low": 0, "high": 50}
+    spec["base"]["resources"].update(base_resources)
+    return SweepSpec.model_validate(spec)
+
+
+def test_a_members_sweep_over_priority_is_refused_at_submit_naming_the_parameter() -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        check_space(priority_sweep(), MEMBER, max_member_priority=0)
+    assert refused.value.loc == ["body", "space", "resources.priority"]
+    assert "space['resources.priority']: resources.priority (50) is above 0" in refused.value.msg
+    check_space(priority_sweep(), ADMIN, max_member_priority=0)  # an admin may
+
+
+def test_a_members_sweep_with_a_high_base_priority_is_refused() -> None:
+    spec = sweep_spec()
+    spec["base"]["resources"]["priority"] = 5
+    with pytest.raises(InvalidRequest) as refused:
+        check_space(SweepSpec.model_validate(spec), MEMBER, max_member_priority=0)
+    assert refused.value.loc == ["body", "base", "resources", "priority"]
+
+
+@pytest.mark.parametrize("member", ["../../x.txt", "/tmp/x.txt", "a/../../x.txt"])
+def test_a_shard_member_named_out_of_its_place_is_refused(tmp_path: Path, member: str) -> None:
+    shard = tmp_path / "shard-000000.tar"
+    with tarfile.open(shard, "w") as tar:
+        for name in ("0001.txt", member):
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"hi"))
+    with pytest.raises(datasets.BadShard, match=r"absolute path|climbs out"):
+        datasets.index_shard(shard, tmp_path / "shard.idx", datasets.sha256_file(shard))
+
+
+@pytest.fixture
+def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, Path]]:
+    """The app in-process on a SQLite file of its own that gives up waiting for a lock after 0.2 s,
+    and a member's token."""
+    database = tmp_path / "db.sqlite"
+    redis = RedisServer(tmp_path / "redis").start()
+    for name, value in {
+        "STATE_DIR": str(tmp_path / "state"),
+        "DATABASE_URL": f"sqlite:///{database}",
+        "REDIS_URL": redis.url,
+        "SQLITE_BUSY_TIMEOUT_S": "0.2",
+    }.items():
+        monkeypatch.setenv(f"TORCHYARD_{name}", value)
+    for cached in (get_settings, get_engine, get_sessionmaker):
+        cached.cache_clear()
+    upgrade(get_settings().sqlalchemy_url)
+    with transaction() as session:
+        _token, value = create_token(session, "member", "member")
+    client = TestClient(create_app(), headers={"Authorization": f"Bearer {value}"})
+    try:
+        yield client, database
+    finally:
+        client.close()
+        get_engine().dispose()
+        redis.stop()
+        for cached in (get_settings, get_engine, get_sessionmaker):
+            cached.cache_clear()
+
+
+def test_a_locked_database_answers_503_with_retry_after_and_changes_nothing(api: tuple[TestClient, Path]) -> None:
+    client, database = api
+    holder = sqlite3.connect(database, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another writer, holding its lock past the busy timeout
+    try:
+        busy = client.post("/api/v1/datasets", json={"name": "shards"})
+        assert busy.status_code == 503, busy.text
+        assert busy.headers["Retry-After"] == "1" and "database is busy" in busy.json()["detail"]
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    again = client.post("/api/v1/datasets", json={"name": "shards"})
+    assert again.status_code == 201, again.text  # the first try left nothing behind (no 409)
