@@ -232,6 +232,25 @@ class Settings(BaseSettings):
         ge=2**20,
         description="size of each run's private /dev/shm (a tmpfs: DataLoader workers, NCCL) on a root worker",
     )
+    run_max_pids: int = Field(
+        4096,
+        ge=16,
+        le=4_194_304,
+        description="processes and threads one run may have on a node (a pids control group on a root worker; a "
+        "fork past it fails in the run alone)",
+    )
+    run_max_memory_bytes: int = Field(
+        0,
+        ge=0,
+        description="memory one run may take on a node (a memory control group on a root worker: past it the "
+        "kernel kills a process of that run); 0: no cap but the node's; resources.memory_limit_bytes lowers it",
+    )
+    run_max_disk_bytes: int = Field(
+        20 * 2**30,
+        ge=2**20,
+        description="disk one run's run directory and checkpoints may take on a node, watched every few seconds: "
+        "past it the run fails, saying so",
+    )
     pools: list[PoolConfig] = Field(
         default_factory=lambda: [PoolConfig(name="local")],
         description="where runs go (JSON list): the built-in pool of torchyard's workers (at most one) and Slurm "

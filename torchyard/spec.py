@@ -306,6 +306,13 @@ class ResourcesConfig(_Strict):
         pattern=r"^[A-Za-z0-9_.-]{1,64}$",
         description="a Slurm pool's partition for this run; empty: the pool's own",
     )
+    memory_limit_bytes: int | None = Field(
+        None,
+        ge=64 * 2**20,
+        le=2**50,
+        description="memory the run may take on each node (all its processes there together); past it the kernel "
+        "kills one of them and the run fails saying so; empty: the node's cap (TORCHYARD_RUN_MAX_MEMORY_BYTES)",
+    )
 
 
 class DataConfig(_Strict):

@@ -12,6 +12,7 @@ inside a prefork child. A process group we own can be ended whole with ``killpg`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import shutil
@@ -29,7 +30,7 @@ from torchyard import hangdump, stores
 from torchyard.settings import Settings
 from torchyard.spec import RunSpec
 from torchyard.states import AttemptState
-from workers import code, failure, isolation, proctree, rundirs
+from workers import caps, code, failure, isolation, proctree, rundirs
 from workers.cancel import attempt_ended, cancel_requested, mark_cancel
 from workers.credentials import close_rank_credential, open_rank_credential
 from workers.diagnose import DiagnoseWatch
@@ -47,6 +48,7 @@ from workers.torchrun import (
 )
 
 log = logging.getLogger(__name__)
+DISK_CHECK_S = 2.0  # how often a run's disk use is measured against TORCHYARD_RUN_MAX_DISK_BYTES
 
 
 @dataclass
@@ -146,6 +148,7 @@ def _run_share(
     cwd = code.prepare(settings, spec["workload"], bundle_capability, run_dir) if is_script(spec) else run_dir
     command = torchrun_command(spec, run_dir, run_id, attempt, gang)
     stash: Path | None = None
+    group: caps.RunGroup | None = None
     if isolation.isolating():
         user = isolation.ensure_run_user(settings.run_user)
         isolation.give(run_dir, user)
@@ -157,13 +160,29 @@ def _run_share(
         temp = isolation.TempSpace(settings.run_tmp_bytes, settings.run_shm_bytes)
         readonly = access.readonly if access else ()
         command = isolation.wrap(command, user, needed, stash, temp, readonly=readonly)
+        group = caps.RunGroup.create(run_id, attempt, run_caps(settings, spec))
+        if group is not None:
+            command = group.enter(command)
     try:
-        return _supervise(
-            client, settings, run_id, attempt, spec, gang, cancel_token, run_dir, cwd, command, env, stash
+        outcome = _supervise(
+            client, settings, run_id, attempt, spec, gang, cancel_token, run_dir, cwd, command, env, stash, group
         )
+        hit = group.breaches() if group is not None else []
+        if hit and outcome.status == AttemptState.FAILED:  # said first: the run's own error follows from it
+            outcome = dataclasses.replace(outcome, reason="\n".join([*hit, outcome.reason]), retryable=False)
+        return outcome
     finally:
+        if group is not None:
+            group.remove()
         if stash is not None:
             shutil.rmtree(stash, ignore_errors=True)
+
+
+def run_caps(settings: Settings, spec: dict) -> caps.Caps:
+    """The node's caps, the memory one lowered to the run's own ``resources.memory_limit_bytes``."""
+    asked = RunSpec.model_validate(spec).resources.memory_limit_bytes
+    limits = [m for m in (asked, settings.run_max_memory_bytes) if m]
+    return caps.Caps(pids=settings.run_max_pids, memory_bytes=min(limits, default=0))
 
 
 def _supervise(
@@ -179,6 +198,7 @@ def _supervise(
     command: list[str],
     env: dict[str, str],
     stash: Path | None,
+    group: caps.RunGroup | None = None,
 ) -> Outcome:
     proc = subprocess.Popen(
         command,
@@ -201,21 +221,23 @@ def _supervise(
         "stash": str(stash or ""),
         "run_dir": str(run_dir),
         "grace": grace,
+        "cgroups": [str(d) for d in group.dirs.values()] if group else [],
     }
     record.write_text(json.dumps(info))
     pump = LogPump(client, run_id, attempt, proc.stdout, settings.max_log_line_bytes)  # type: ignore[arg-type]
     diagnose = DiagnoseWatch(client, run_id, attempt, settings.node_id, run_dir, spec["resources"]["procs_per_node"])
     report(client, run_id, attempt, settings.node_id, "started", pid=proc.pid)
     cancelled = ended_elsewhere = False
+    disk = DiskWatch(settings.run_max_disk_bytes, [run_dir, settings.checkpoints / str(run_id)])
     try:
         while proc.poll() is None:
-            if not (cancelled or ended_elsewhere):
+            if not (cancelled or ended_elsewhere or disk.over):
                 diagnose.poll()  # before the end key: a stalled attempt is diagnosed, then ended
                 cancelled = cancel_requested(client, run_id, cancel_token)
                 ended_elsewhere = not cancelled and attempt_ended(client, run_id, attempt)
                 if cancelled:  # the ranks read the marker: a cancel, not torch elastic ending a crashed gang
                     mark_cancel(run_dir, "cancelled")
-                if cancelled or ended_elsewhere:
+                if cancelled or ended_elsewhere or disk.check():
                     proctree.end_process_group(proc.pid, grace if cancelled else settings.cancel_grace_s)
             time.sleep(0.2)
         # Ranks may have left children of their own (data loaders): the group goes with the run.
@@ -224,6 +246,8 @@ def _supervise(
         diagnose.join(timeout=hangdump.RANK_ANSWER_S + 1)  # its dumps go out before the exit report
         pump.join(timeout=10)
         record.unlink(missing_ok=True)
+    if disk.over:
+        return Outcome(AttemptState.FAILED, proc.returncode, disk.reason())
     if ended_elsewhere:
         return Outcome(
             AttemptState.FAILED,
@@ -242,6 +266,30 @@ def _supervise(
         proc.returncode, run_dir / TORCHRUN_LOGS, roots, pump.rank_traceback, list(pump.agent_tail), list(pump.tail)
     )
     return Outcome(AttemptState.FAILED, proc.returncode, why)
+
+
+class DiskWatch:
+    """The run's disk cap, a watched bound (no quota on a shared directory): the run directory and
+    the run's checkpoints measured every ``every_s`` seconds of the supervising loop."""
+
+    def __init__(self, cap: int, paths: list[Path], every_s: float = DISK_CHECK_S) -> None:
+        self.cap, self.paths, self.every_s = cap, paths, every_s
+        self.used, self.over, self._next = 0, False, 0.0
+
+    def check(self) -> bool:
+        """True once the run's files are past the cap (it stays so)."""
+        now = time.monotonic()
+        if not self.over and now >= self._next:
+            self._next = now + self.every_s
+            self.used = caps.disk_usage(self.paths, self.cap)
+            self.over = self.used > self.cap
+        return self.over
+
+    def reason(self) -> str:
+        return (
+            f"the run's files passed its disk cap: {self.used / 2**20:,.0f} MiB in its run directory and checkpoints, "
+            f"above {self.cap / 2**20:,.0f} MiB (TORCHYARD_RUN_MAX_DISK_BYTES); its processes were ended"
+        )
 
 
 def end_recorded_attempts(settings: Settings) -> None:
@@ -304,6 +352,7 @@ def end_orphans(client: redis.Redis, settings: Settings) -> int:
             retryable=True,
         )
         close_rank_credential(client, info["run_id"], info["attempt"], info.get("node_rank", 0))
+        caps.remove_groups([Path(d) for d in info.get("cgroups", [])])  # what escaped the process group too
         if info.get("stash"):
             shutil.rmtree(info["stash"], ignore_errors=True)
         record.unlink(missing_ok=True)

@@ -16,7 +16,7 @@ from celery import signals
 
 from torchyard import streams
 from torchyard.settings import Settings, get_settings
-from workers import gpus, isolation, launcher, rundirs
+from workers import caps, gpus, isolation, launcher, rundirs
 
 log = logging.getLogger(__name__)
 _stop = threading.Event()
@@ -62,6 +62,8 @@ def _on_ready(**_: Any) -> None:
         log.info("runs are isolated: ranks run as %s (uid %s) in a PID namespace of their own", user.name, user.uid)
     else:
         log.warning("runs are not isolated (worker is not root): ranks run as this worker's user")
+    capped = caps.support()
+    (log.info if capped.startswith("processes and memory capped") else log.warning)("%s", capped)
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=10)
     ended = launcher.end_orphans(client, settings)
     if ended:
