@@ -64,6 +64,13 @@ def create_dataset(session: Session, settings: Settings, name: str, owner: Token
             f"dataset {name!r} exists ({existing.status}, {existing.samples:,} samples): delete it first "
             f"(DELETE /api/v1/datasets/{name}, `torchyard dataset delete {name}`) or choose another name"
         )
+    if owner is not None:
+        owned = session.scalar(select(func.count()).select_from(Dataset).where(Dataset.owner_id == owner.id)) or 0
+        if owned >= settings.max_member_datasets:
+            raise errors.LimitExceeded(
+                f"token {owner.name!r} owns {owned} datasets, the most allowed (TORCHYARD_MAX_MEMBER_DATASETS): "
+                "delete one first (`torchyard dataset delete NAME`)"
+            )
     dataset = Dataset(
         name=name, status=UPLOADING, samples=0, bytes=0, digest="", schema={}, owner_id=owner.id if owner else None
     )
@@ -100,6 +107,19 @@ def check_room(settings: Settings, session: Session, dataset: Dataset, index: in
         raise TooLarge(
             f"dataset {dataset.name!r} would pass {settings.max_dataset_bytes:,} bytes with shard {index}, the most "
             "a dataset may hold (TORCHYARD_MAX_DATASET_BYTES)"
+        )
+    if dataset.owner_id is None:
+        return
+    owned = session.scalar(
+        select(func.coalesce(func.sum(DatasetShard.bytes), 0))
+        .join(Dataset, Dataset.id == DatasetShard.dataset_id)
+        .where(Dataset.owner_id == dataset.owner_id)
+        .where((DatasetShard.dataset_id != dataset.id) | (DatasetShard.index != index))
+    )
+    if int(owned or 0) + size > settings.max_member_dataset_bytes:
+        raise TooLarge(
+            f"shard {index} would take this token's datasets past {settings.max_member_dataset_bytes:,} bytes, "
+            "the most one token's datasets may hold (TORCHYARD_MAX_MEMBER_DATASET_BYTES): delete a dataset first"
         )
 
 

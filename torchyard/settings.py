@@ -146,6 +146,14 @@ class Settings(BaseSettings):
     max_dataset_bytes: int = Field(
         1 << 40, ge=1 << 20, description="largest a dataset's shards may add up to (413 for the shard that passes it)"
     )
+    max_member_datasets: int = Field(
+        100, ge=1, description="datasets one token may own at once (429 for the next create): delete one first"
+    )
+    max_member_dataset_bytes: int = Field(
+        4 << 40,
+        ge=1 << 20,
+        description="what every dataset one token owns may add up to (413 for the shard that passes it)",
+    )
     frontend_dist: Path | None = Field(
         None,
         description="the built dashboard the api serves at / (default: frontend/dist of this checkout; "

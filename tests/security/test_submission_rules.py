@@ -1,7 +1,8 @@
-"""What a member's token can submit that used to be taken and then fail later, or fail badly:
+"""What a member's token can submit that used to be taken and then fail later, fail badly, or grow without a bound:
 a sweep whose space (or base) asks for a priority the member may not set is a 422 at submit
 (it used to be accepted, then its controller failed every pass forever); a dataset shard whose
-members are named absolute or with ``..`` is refused like a bundle's; and a database held by
+members are named absolute or with ``..`` is refused like a bundle's; datasets past a member's count
+or bytes are refused (429, 413); and a database held by
 another writer answers 503 with Retry-After (nothing changed), never a 500."""
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def test_a_shard_member_named_out_of_its_place_is_refused(tmp_path: Path, member
 @pytest.fixture
 def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, Path]]:
     """The app in-process on a SQLite file of its own that gives up waiting for a lock after 0.2 s,
-    and a member's token."""
+    a member's token, and per-member dataset bounds of 2 datasets and 1 MiB."""
     database = tmp_path / "db.sqlite"
     redis = RedisServer(tmp_path / "redis").start()
     for name, value in {
@@ -78,6 +79,8 @@ def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestC
         "DATABASE_URL": f"sqlite:///{database}",
         "REDIS_URL": redis.url,
         "SQLITE_BUSY_TIMEOUT_S": "0.2",
+        "MAX_MEMBER_DATASETS": "2",
+        "MAX_MEMBER_DATASET_BYTES": str(1 << 20),
     }.items():
         monkeypatch.setenv(f"TORCHYARD_{name}", value)
     for cached in (get_settings, get_engine, get_sessionmaker):
@@ -109,3 +112,26 @@ def test_a_locked_database_answers_503_with_retry_after_and_changes_nothing(api:
         holder.close()
     again = client.post("/api/v1/datasets", json={"name": "shards"})
     assert again.status_code == 201, again.text  # the first try left nothing behind (no 409)
+
+
+def shard_of(size: int) -> bytes:
+    body = io.BytesIO()
+    with tarfile.open(fileobj=body, mode="w") as tar:
+        info = tarfile.TarInfo("0001.bin")
+        info.size = size
+        tar.addfile(info, io.BytesIO(b"x" * size))
+    return body.getvalue()
+
+
+def test_a_member_cannot_own_datasets_past_their_count_or_bytes(api: tuple[TestClient, Path]) -> None:
+    client, _database = api
+    for name in ("a", "b"):
+        assert client.post("/api/v1/datasets", json={"name": name}).status_code == 201
+    third = client.post("/api/v1/datasets", json={"name": "c"})
+    assert third.status_code == 429 and "owns 2 datasets" in third.json()["detail"], third.text
+    first = client.put("/api/v1/datasets/a/shards/0", content=shard_of(700 << 10))
+    assert first.status_code == 200, first.text
+    again = client.put("/api/v1/datasets/a/shards/0", content=shard_of(700 << 10))  # replacing it counts once
+    assert again.status_code == 200, again.text
+    past = client.put("/api/v1/datasets/b/shards/0", content=shard_of(700 << 10))
+    assert past.status_code == 413 and "TORCHYARD_MAX_MEMBER_DATASET_BYTES" in past.json()["detail"], past.text
