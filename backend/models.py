@@ -129,6 +129,8 @@ class Node(Base):
     # Its GPUs as its heartbeat lists them: [{"index": 0, "name": "NVIDIA H200", "memory_bytes": ...}]
     gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list, server_default="[]")
     status: Mapped[str] = mapped_column(String(20), default="alive")  # alive | lost
+    # How its worker caps a run's processes and memory, or why it cannot (workers/caps.py support())
+    caps: Mapped[str] = mapped_column(String(300), default="", server_default="")
     last_heartbeat: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -57,6 +57,7 @@ def sync_from_heartbeats(session: Session, client: redis.Redis) -> list[Node]:
             session.add(node)
         node.host, node.slots, node.devices = info["host"], info["slots"], ",".join(info["devices"])
         node.gpus = info.get("gpus", [])  # a worker from before GPUs were a resource lists none
+        node.caps = info.get("caps", "")[:300]
         node.last_heartbeat = datetime.fromtimestamp(info["ts"], UTC)
         node.status = NodeState.ALIVE
     session.flush()
@@ -77,6 +78,7 @@ def _heartbeat(raw: Any) -> dict[str, Any] | None:
             and isinstance(info.get("ts"), (int, float))
             and 0 <= info["ts"] < 1e11
             and _gpus_ok(info.get("gpus", []))
+            and isinstance(info.get("caps", ""), str)
         )
     except (ValueError, TypeError):
         return None
@@ -184,6 +186,7 @@ def describe(session: Session) -> list[NodeOut]:
                 status=n.status,
                 last_heartbeat=n.last_heartbeat,
                 running_runs=sorted(running.get(n.id, [])),
+                caps=n.caps,
             )
         )
     return out

@@ -145,6 +145,7 @@ class NodeOut(BaseModel):
     status: NodeState
     last_heartbeat: datetime
     running_runs: list[int]
+    caps: str  # how its worker caps a run's processes and memory, or why it cannot ("": not said)
 
 
 class SlurmNodeOut(BaseModel):

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 _stop = threading.Event()
 
 
-def heartbeat_once(client: redis.Redis, settings: Settings, inventory: list[gpus.Gpu]) -> None:
+def heartbeat_once(client: redis.Redis, settings: Settings, inventory: list[gpus.Gpu], capped: str = "") -> None:
     beat = {
         "host": settings.node_host,
         "slots": settings.node_slots,
@@ -30,6 +30,7 @@ def heartbeat_once(client: redis.Redis, settings: Settings, inventory: list[gpus
         "gpus": [g.as_dict() for g in inventory],
         "ts": time.time(),
         "pid": os.getpid(),
+        "caps": capped,
     }
     ttl_ms = int(settings.node_timeout_s * 1000)
     pipe = client.pipeline(transaction=False)
@@ -43,9 +44,10 @@ def _heartbeat_loop(settings: Settings) -> None:
     listed = ", ".join(f"{g.index} {g.name}".strip() for g in inventory) or "none"
     log.info("GPUs: %s%s", listed, " (TORCHYARD_NODE_GPUS: trusted, not checked)" if settings.node_gpus.strip() else "")
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5)
+    capped = caps.support()  # once too: the worker's control groups do not change under it
     while not _stop.is_set():
         try:
-            heartbeat_once(client, settings, inventory)
+            heartbeat_once(client, settings, inventory, capped)
         except redis.RedisError as exc:
             log.warning("heartbeat failed: %s", exc)
         _stop.wait(settings.heartbeat_s)

@@ -82,6 +82,9 @@ def test_each_hog_stops_at_its_cap_and_the_victim_trains_on(stack: RunningStack)
     losses = [count for (_attempt, _rank, key, _step), count in rows.items() if key == "loss"]
     assert len(losses) == 300 and set(losses) == {1}, "each step of the victim stored exactly once"
 
+    [node] = client.http.get("/api/v1/nodes").json()
+    assert node["caps"].startswith("processes and memory capped per run by cgroup v"), node  # the cluster page's
+
     def slots_free() -> bool:
         nodes = client.http.get("/api/v1/nodes").json()
         return all(node["free_slots"] == node["slots"] for node in nodes)

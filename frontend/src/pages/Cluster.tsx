@@ -133,6 +133,7 @@ export function Cluster() {
               <th>GPUs</th>
               <th>Heartbeat</th>
               <th>Runs</th>
+              <th>Caps</th>
             </tr>
           </thead>
           <tbody>
@@ -168,6 +169,9 @@ export function Cluster() {
                           </a>
                         ))
                       : <span class="muted">idle</span>}
+                  </td>
+                  <td class={n.caps.includes("not capped") ? "warning" : "muted"} data-testid="node-caps">
+                    {n.caps || "not reported"}
                   </td>
                 </tr>
               );
