@@ -1,7 +1,8 @@
 """Fixtures: real Redis (a private redis-server per stack), real PostgreSQL (a fresh database per
 session on 127.0.0.1:5432), and a real stack of api, ingest and worker subprocesses (``testkit/stack.py``).
-Each test module declares its tier with a marker (``stack``, ``dist``, ``browser``, ``netns``, ``chaos``, ``slurm``);
-a module without one is ``unit``, the tier ``scripts/test --fast`` runs."""
+Each test module declares its tier with a marker (``stack``, ``dist``, ``browser``, ``netns``, ``chaos``, ``slurm``,
+``tools``); a module without one is ``unit``, the tier ``scripts/test --fast`` runs. What a host may lack is
+skipped, and fails under CI (``testkit/require.py``)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from backend.db import make_engine
 from backend.migrate import upgrade
 from cli.redis_server import RedisServer
 from testkit import browser as chromium
+from testkit import require
 from testkit.ingest import one_run
 from testkit.stack import RunningStack, sqlite_stack, start_stack
 
@@ -127,7 +129,7 @@ def stack_settings() -> dict[str, Any]:
 
 
 # What a test needs beyond this process (pyproject.toml).
-TIERS = ("stack", "dist", "browser", "netns", "chaos", "slurm")
+TIERS = ("stack", "dist", "browser", "netns", "chaos", "slurm", "tools")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -135,6 +137,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if not any(item.get_closest_marker(tier) for tier in TIERS):
             item.add_marker(pytest.mark.unit)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """What the test's ``needs`` marks name as lacking: a skip, or under CI a failure."""
+    require.check(item)
 
 
 # The browser tests' fixtures (tests/test_ui*.py): one stack and one Chromium per module, and a
@@ -149,7 +156,7 @@ def ui_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    playwright = pytest.importorskip("playwright.sync_api")
+    playwright = chromium.sync_api()
     with playwright.sync_playwright() as p:
         b = chromium.launch(p)
         yield b

@@ -24,6 +24,7 @@ import yaml  # type: ignore[import-untyped]
 
 from cli.redis_server import redis_server_binary
 from cli.wait import wait_for
+from testkit.require import require
 from testkit.stack import run_spec
 from torchyard.net import free_port
 from torchyard.settings import Settings
@@ -31,8 +32,14 @@ from torchyard.settings import Settings
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN_DSN = os.environ.get("TORCHYARD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
+# Not the unit tier: a fresh clone may lack docker-compose (CI installs it: .ci/run).
+pytestmark = pytest.mark.tools
+
 
 def compose_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    require(
+        shutil.which("docker-compose"), "docker-compose (v1) checks docker-compose.yml: apt-get install docker-compose"
+    )
     base = {
         k: v for k, v in os.environ.items() if k not in {"TORCHYARD_SECRET_KEY", "POSTGRES_PASSWORD", "REDIS_PASSWORD"}
     }

@@ -1,8 +1,9 @@
 """Datasets in an S3-compatible object store (TORCHYARD_DATASET_STORE=s3://BUCKET/PREFIX), against
-a real one on this host (moto's server, ``testkit/objectstore.py``; skipped, saying why, when it
-cannot start): the api writes a dataset there, a 2-rank run trains on it reading every sample
-once per epoch through its presigned URLs, with no credential of the store; a missing or corrupt
-object fails naming its shard, or is skipped and counted, as a bad shard in a folder is."""
+a real one on this host (moto's server, ``testkit/objectstore.py``; where it cannot start, skipped
+saying why, and a failure under CI: ``testkit/require.py``): the api writes a dataset there, a
+2-rank run trains on it reading every sample once per epoch through its presigned URLs, with no
+credential of the store; a missing or corrupt object fails naming its shard, or is skipped and
+counted, as a bad shard in a folder is."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 from testkit.datasets import check_read_once, classification_files, make_dataset
 from testkit.objectstore import SECRET_KEY, MotoServer, publish
+from testkit.require import lacking
 from testkit.stack import sqlite_stack
 from torchyard import data
 from torchyard import datasets as fmt
@@ -28,7 +30,7 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
     try:
         server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log").start()
     except RuntimeError as exc:
-        pytest.skip(f"no local object store: moto_server (pip install 'moto[server]') did not start: {exc}")
+        lacking(f"no local object store: moto_server (pip install 'moto[server]') did not start: {exc}")
     try:
         yield server
     finally:

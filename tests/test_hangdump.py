@@ -11,7 +11,6 @@ import stat
 import threading
 from pathlib import Path
 
-from cli.wait import wait_for
 from torchyard import hangdump
 from workers.diagnose import NO_ANSWER, collect, read_dump
 from workers.rundirs import write_marker
@@ -88,22 +87,28 @@ def test_a_rank_dump_is_cut_to_its_bound_keeping_the_newest_entries(tmp_path: Pa
 
 def test_every_other_threads_stack_is_in_a_dump_with_the_run_code_told_from_the_libraries() -> None:
     seen: list[dict] = []
-    done = threading.Event()
+    inside, done = threading.Event(), threading.Event()
 
     def dumps_while_the_main_thread_waits() -> None:  # as the dump thread answers while the main one is stuck
-        def main_waits() -> list[dict] | None:
-            found = rank_side.threads()
-            own = [f for f in found[0]["frames"] if not f["lib"]]
-            return found if own[-1]["code"] == "done.wait()" else None
-
-        seen.extend(wait_for(main_waits, 10, "the main thread to wait"))
+        inside.wait()  # the main thread is in stuck_in_a_collective: no sample of it inside Thread.start
+        seen.extend(rank_side.threads())
         done.set()
+
+    def stuck_in_a_collective() -> None:
+        inside.set()
+        done.wait()
 
     dumper = threading.Thread(target=dumps_while_the_main_thread_waits, name="dumper")
     dumper.start()
-    done.wait()
+    stuck_in_a_collective()
     dumper.join()
     assert seen[0]["main"] and all(t["name"] != "dumper" for t in seen)
-    own = [f for f in seen[0]["frames"] if not f["lib"]]
-    assert own[-1]["func"] == "test_every_other_threads_stack_is_in_a_dump_with_the_run_code_told_from_the_libraries"
-    assert seen[0]["frames"][-1]["func"] == "wait" and seen[0]["frames"][-1]["lib"]  # threading.py's
+    frames = seen[0]["frames"]
+    own = [i for i, f in enumerate(frames) if not f["lib"]]
+    assert [frames[i]["func"] for i in own[-2:]] == [
+        "test_every_other_threads_stack_is_in_a_dump_with_the_run_code_told_from_the_libraries",
+        "stuck_in_a_collective",
+    ]
+    # below the run's code, only the libraries' (threading.py's set or wait: the sample may land in either)
+    assert all(f["lib"] for f in frames[own[-1] + 1 :]), frames[own[-1] :]
+    assert any(f["lib"] and f"{os.sep}_pytest{os.sep}" in f["file"] for f in frames[: own[0]]), "pytest's, above it"

@@ -30,6 +30,10 @@ STEPS, RUNG = 1500, 50  # the pruning sweep: a trial's steps, and ASHA's first r
 
 
 SWEEPS: dict[str, int] = {}  # sweeps the browser test reads again: "both" (two parameters), "asha"
+BOTH_SPACE = {
+    "training.lr": {"type": "float", "low": 1e-3, "high": 0.1, "log": True},
+    "workload.params.hidden": {"type": "int", "low": 8, "high": 32, "step": 8},
+}
 
 
 @pytest.fixture(scope="module")
@@ -104,11 +108,7 @@ def test_a_bad_sweep_is_refused_naming_what_is_wrong_before_any_run_starts(stack
 def test_a_sweep_runs_each_trial_as_a_two_rank_run_never_more_at_once_than_max_concurrent_across_an_api_kill(
     stack: RunningStack,
 ) -> None:
-    space = {
-        "training.lr": {"type": "float", "low": 1e-3, "high": 0.1, "log": True},
-        "workload.params.hidden": {"type": "int", "low": 8, "high": 32, "step": 8},
-    }
-    created = stack.client.http.post("/api/v1/sweeps", json=sweep_spec(space=space))
+    created = stack.client.http.post("/api/v1/sweeps", json=sweep_spec(space=BOTH_SPACE))
     assert created.status_code == 201, created.text
     sweep_id = created.json()["id"]
 
@@ -213,10 +213,10 @@ def test_a_tpe_sweep_over_a_log_uniform_lr_finds_the_lr_a_one_process_grid_finds
     assert low <= lr <= high, f"best trial {best['number']}: lr {lr:.3g} outside {low:.3g} … {high:.3g} ({losses})"
 
 
-def test_asha_stops_a_diverging_learning_rate_at_its_first_rung_and_cancels_its_run(stack: RunningStack) -> None:
-    # Trials one at a time in the grid's seeded order (lr 0.01 first: see the assert), so each
-    # later trial meets the first at the rung, where lr 0.8 and 1.0 (Adam) have diverged. Enough
-    # steps that a trial is still training when the controller reads its first rung.
+def asha_spec() -> dict[str, Any]:
+    """Trials one at a time in the grid's seeded order (lr 0.01 first), so each later trial meets
+    the first at the rung, where lr 0.8 and 1.0 (Adam) have diverged. Enough steps that a trial is
+    still training when the controller reads its first rung."""
     spec = sweep_spec(
         steps=STEPS,
         space={"training.lr": {"type": "categorical", "choices": [0.01, 1.0, 0.8]}},
@@ -227,7 +227,11 @@ def test_asha_stops_a_diverging_learning_rate_at_its_first_rung_and_cancels_its_
         pruner={"kind": "asha", "min_steps": RUNG, "reduction_factor": 2},
     )
     spec["base"]["training"]["log_every"] = 10
-    created = stack.client.http.post("/api/v1/sweeps", json=spec)
+    return spec
+
+
+def test_asha_stops_a_diverging_learning_rate_at_its_first_rung_and_cancels_its_run(stack: RunningStack) -> None:
+    created = stack.client.http.post("/api/v1/sweeps", json=asha_spec())
     assert created.status_code == 201, created.text
     sweep = ended_sweep(stack, created.json()["id"], 120)
     SWEEPS["asha"] = sweep["id"]
@@ -279,17 +283,33 @@ def browser_test(test: Any) -> Any:
     return test
 
 
+@pytest.fixture
+def sweeps(stack: RunningStack) -> dict[str, int]:
+    """The sweeps the browser test reads: those the tests above made, or where one of them did not
+    record its sweep (run alone with -k, or failed before), one made here the same way (without
+    the api kill), and its end checked as the test checks it."""
+    for key, spec in (("both", sweep_spec(space=BOTH_SPACE)), ("asha", asha_spec())):
+        if key in SWEEPS:
+            continue
+        created = stack.client.http.post("/api/v1/sweeps", json=spec)
+        assert created.status_code == 201, created.text
+        sweep = ended_sweep(stack, created.json()["id"], 120)
+        assert sweep["status"] == "succeeded", f"the {key} sweep: {sweep['status_reason']}"
+        if key == "both":
+            assert [t["state"] for t in sweep["trials"]] == ["complete"] * 4, sweep["trials"]
+        SWEEPS[key] = sweep["id"]
+    return SWEEPS
+
+
 @browser_test
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)  # 60 s for the page; the rest for its sweeps where the tests above made none
 def test_the_sweep_page_draws_each_trial_the_best_so_far_the_parameters_and_their_importance(
-    page: Any, stack: RunningStack
+    sweeps: dict[str, int], page: Any, stack: RunningStack
 ) -> None:
     from playwright.sync_api import expect
 
-    if set(SWEEPS) != {"both", "asha"}:
-        pytest.skip("the sweeps of the tests above did not finish")
     http = stack.client.http
-    sweep = http.get(f"/api/v1/sweeps/{SWEEPS['both']}").json()
+    sweep = http.get(f"/api/v1/sweeps/{sweeps['both']}").json()
     page.goto(f"/#/sweeps/{sweep['id']}")
     rows = page.get_by_test_id("trials").locator("tbody tr")
     expect(rows).to_have_count(4)
@@ -320,7 +340,7 @@ def test_the_sweep_page_draws_each_trial_the_best_so_far_the_parameters_and_thei
     expect(page.get_by_test_id("sweep-importance").locator("tr[data-param]")).to_have_count(2)
     shot(page, "sweep")
 
-    asha = http.get(f"/api/v1/sweeps/{SWEEPS['asha']}").json()
+    asha = http.get(f"/api/v1/sweeps/{sweeps['asha']}").json()
     pruned = [t for t in asha["trials"] if t["state"] == "pruned"]
     page.goto(f"/#/sweeps/{asha['id']}")
     for trial in pruned:

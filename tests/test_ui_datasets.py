@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from testkit.browser import browser_marks, shot
+from testkit.browser import browser_marks, shot, sync_api
 from testkit.datasets import classification_files, make_dataset
 from testkit.stack import RunningStack
 
-playwright_sync = pytest.importorskip("playwright.sync_api")
+playwright_sync = sync_api()
 Page = playwright_sync.Page
 expect = playwright_sync.expect
 

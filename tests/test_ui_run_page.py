@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from testkit.browser import browser_marks, shot
+from testkit.browser import browser_marks, shot, sync_api
 from testkit.stack import RunningStack
 
-playwright_sync = pytest.importorskip("playwright.sync_api")
+playwright_sync = sync_api()
 Page = playwright_sync.Page
 expect = playwright_sync.expect
 

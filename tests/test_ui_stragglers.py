@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from cli.wait import wait_for
-from testkit.browser import SHOTS, browser_marks, shot
+from testkit.browser import SHOTS, browser_marks, shot, sync_api
 from testkit.stack import RunningStack, run_spec, sqlite_stack
 
-playwright_sync = pytest.importorskip("playwright.sync_api")
+playwright_sync = sync_api()
 Page = playwright_sync.Page
 expect = playwright_sync.expect
 
