@@ -4,6 +4,7 @@ the c10d rendezvous on node rank 0's address, and a node whose network is cut mi
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -11,12 +12,14 @@ import pytest
 from cli.wait import wait_for
 from testkit import netns
 from testkit.cluster import Cluster, running_cluster, two_gangs_on_three_nodes
+from testkit.require import needs
 from testkit.stack import metric_rows, row_gaps, run_processes, run_spec
 
 pytestmark = [
     pytest.mark.netns,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(not netns.available(), reason="network namespaces need root and iproute2"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
+    needs(*([] if netns.available() else ["iproute2's ip (apt-get install iproute2)"])),
 ]
 
 

@@ -111,7 +111,7 @@ def test_a_job_sbatch_refuses_fails_the_run_with_slurms_own_message(env: slurm.S
 
 @pytest.mark.browser
 def test_the_cluster_page_shows_the_slurm_pool_its_nodes_and_runs(env: slurm.SlurmStack) -> None:
-    sync_api = pytest.importorskip("playwright.sync_api")
+    sync_api = chromium.sync_api()
     run_id = env.submit("slurm-shown", nodes=2, procs=1, steps=100_000)
     job = env.job_of(run_id)
     with sync_api.sync_playwright() as p:

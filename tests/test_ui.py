@@ -16,11 +16,11 @@ import pytest
 
 from cli.runs import submit
 from cli.wait import wait_for
-from testkit.browser import browser_marks, set_field, shot
+from testkit.browser import browser_marks, set_field, shot, sync_api
 from testkit.stack import RunningStack, sqlite_stack
 from workers.runtime.comm import union_length
 
-playwright_sync = pytest.importorskip("playwright.sync_api")
+playwright_sync = sync_api()
 Page = playwright_sync.Page
 expect = playwright_sync.expect
 
