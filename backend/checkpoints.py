@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 import tarfile
 from collections.abc import Iterator
@@ -22,13 +23,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from backend.errors import NotFound
+from backend.errors import Conflict, LimitExceeded, NotFound
+from backend.models import Run, Token
 from backend.runs import get_run
 from torchyard import checkpoints as layout
-from torchyard.runfiles import RunDir, UnsafeFile, open_regular
+from torchyard.runfiles import RunDir, UnsafeFile, disk_usage, open_regular
 from torchyard.settings import Settings
+from torchyard.states import TERMINAL
 
 CHUNK = 1 << 20
 _BLOCK = tarfile.BLOCKSIZE
@@ -86,6 +90,31 @@ def _info(step: int, path: Path) -> CheckpointInfo | None:
         files=len(files),
         created_at=datetime.fromtimestamp(marker.st_mtime, UTC),
     )
+
+
+def check_member_room(session: Session, settings: Settings, owner: Token | None) -> None:
+    """LimitExceeded (429) when the kept checkpoints of ``owner``'s runs take more than
+    TORCHYARD_MAX_MEMBER_CHECKPOINT_BYTES: every run keeps its final checkpoint, so without a
+    bound one token's runs would fill the checkpoint disk of everyone's."""
+    if owner is None or owner.role == "admin":
+        return
+    cap = settings.max_member_checkpoint_bytes
+    run_ids = session.scalars(select(Run.id).where(Run.owner_id == owner.id)).all()
+    used = disk_usage([run_root(settings, run_id) for run_id in run_ids], stop_above=cap)
+    if used > cap:
+        raise LimitExceeded(
+            f"the checkpoints kept by token {owner.name!r}'s runs take {used / 2**20:,.0f} MiB, more than "
+            f"{cap / 2**20:,.0f} MiB (TORCHYARD_MAX_MEMBER_CHECKPOINT_BYTES): delete some "
+            "(DELETE /api/v1/runs/{id}/checkpoints) before the next run"
+        )
+
+
+def delete_checkpoints(session: Session, settings: Settings, run: Run) -> None:
+    """Every checkpoint of an ended run, removed (never following a link the ranks left: rmtree
+    works through directory handles); Conflict while it may still save or resume from them."""
+    if run.status not in TERMINAL:
+        raise Conflict(f"run {run.id} is {run.status}: its checkpoints can be deleted once it has ended")
+    shutil.rmtree(run_root(settings, run.id), ignore_errors=True)
 
 
 def list_checkpoints(session: Session, settings: Settings, run_id: int) -> list[CheckpointInfo]:

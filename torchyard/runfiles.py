@@ -15,6 +15,7 @@ default), which is what keeps the run user from linking the state dir's secrets.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -138,3 +139,18 @@ def _refused(exc: OSError, name: str) -> OSError:
     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
         return UnsafeFile(exc.errno, f"{name} is a link or not a directory: refused")
     return exc
+
+
+def disk_usage(paths: list[Path], stop_above: int) -> int:
+    """Bytes the files under ``paths`` take on disk (blocks, so a sparse file counts what it holds),
+    never through a link; counting stops once past ``stop_above``."""
+    used = 0
+    for path in paths:
+        with contextlib.suppress(OSError):
+            for _top, _dirs, files, dir_fd in os.fwalk(path, follow_symlinks=False):
+                for name in files:
+                    with contextlib.suppress(OSError):
+                        used += os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_blocks * 512
+                if used > stop_above:
+                    return used
+    return used

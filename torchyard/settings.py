@@ -154,6 +154,12 @@ class Settings(BaseSettings):
         ge=1 << 20,
         description="what every dataset one token owns may add up to (413 for the shard that passes it)",
     )
+    max_member_checkpoint_bytes: int = Field(
+        200 << 30,
+        ge=1 << 20,
+        description="what the kept checkpoints of one token's runs may take on disk: past it the token's next run is "
+        "a 429 until it deletes some (DELETE /api/v1/runs/{id}/checkpoints)",
+    )
     frontend_dist: Path | None = Field(
         None,
         description="the built dashboard the api serves at / (default: frontend/dist of this checkout; "

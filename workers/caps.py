@@ -187,21 +187,6 @@ def remove_groups(dirs: list[Path]) -> None:
             directory.rmdir()
 
 
-def disk_usage(paths: list[Path], stop_above: int) -> int:
-    """Bytes the files under ``paths`` take on disk (blocks, so a sparse file counts what it holds),
-    never through a link; counting stops once past ``stop_above``."""
-    used = 0
-    for path in paths:
-        with contextlib.suppress(OSError):
-            for _top, _dirs, files, dir_fd in os.fwalk(path, follow_symlinks=False):
-                for name in files:
-                    with contextlib.suppress(OSError):
-                        used += os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_blocks * 512
-                if used > stop_above:
-                    return used
-    return used
-
-
 def _enable_controllers(parent: Path) -> None:
     """cgroup v2: the controllers on for the worker's group's children (a no-op where they are)."""
     parent.mkdir(exist_ok=True)

@@ -27,6 +27,7 @@ from pathlib import Path
 import redis
 
 from torchyard import hangdump, stores
+from torchyard.runfiles import disk_usage
 from torchyard.settings import Settings
 from torchyard.spec import RunSpec
 from torchyard.states import AttemptState
@@ -281,7 +282,7 @@ class DiskWatch:
         now = time.monotonic()
         if not self.over and now >= self._next:
             self._next = now + self.every_s
-            self.used = caps.disk_usage(self.paths, self.cap)
+            self.used = disk_usage(self.paths, self.cap)
             self.over = self.used > self.cap
         return self.over
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Response, status
 from fastapi.responses import StreamingResponse
 
-from backend import checkpoints
-from backend.deps import DB_INT_MAX, RunId, SessionDep, Viewer
+from backend import checkpoints, runs
+from backend.deps import DB_INT_MAX, Member, RunId, SessionDep, Viewer, check_owner
 from backend.schemas import CheckpointOut, Problem
 from torchyard.settings import get_settings
 
@@ -24,6 +24,21 @@ def list_checkpoints(run_id: RunId, session: SessionDep, _viewer: Viewer) -> lis
         CheckpointOut(step=c.step, size_bytes=c.size_bytes, files=c.files, created_at=c.created_at)
         for c in checkpoints.list_checkpoints(session, get_settings(), run_id)
     ]
+
+
+@router.delete(
+    "/{run_id}/checkpoints",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    responses={**NOT_FOUND, 409: {"model": Problem, "description": "the run has not ended"}},
+)
+def delete_checkpoints(run_id: RunId, session: SessionDep, token: Member) -> Response:
+    """Every checkpoint of a run that has ended, removed (its owner or an admin): what frees room
+    under TORCHYARD_MAX_MEMBER_CHECKPOINT_BYTES."""
+    run = runs.get_run(session, run_id)
+    check_owner(run, token, "delete the checkpoints of")
+    checkpoints.delete_checkpoints(session, get_settings(), run)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.get(

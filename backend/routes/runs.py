@@ -10,7 +10,19 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
-from backend import bundles, comparison, datasets, errors, figures, lifecycle, live, metrics, run_signals, runs
+from backend import (
+    bundles,
+    checkpoints,
+    comparison,
+    datasets,
+    errors,
+    figures,
+    lifecycle,
+    live,
+    metrics,
+    run_signals,
+    runs,
+)
 from backend.db import get_sessionmaker
 from backend.deps import (
     DB_INT32_MAX,
@@ -97,6 +109,7 @@ def submit_run(spec: RunSpec, session: SessionDep, redis: RedisDep, token: Membe
 def _create(session: Session, spec: RunSpec, token: Token) -> Run:
     """A queued run of ``spec``, owned by ``token``, under the settings' quota and priority bounds."""
     settings = get_settings()
+    checkpoints.check_member_room(session, settings, token)
     return runs.create_run(
         session,
         spec,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from torchyard.runfiles import disk_usage
 from workers import caps
 
 pytestmark = [
@@ -90,6 +91,6 @@ def test_disk_usage_counts_blocks_not_links_and_stops_past_the_bound(tmp_path: P
     (tmp_path / "elsewhere").write_bytes(os.urandom(4 << 20))
     (tmp_path / "run" / "link").symlink_to(tmp_path / "elsewhere")
     (tmp_path / "run" / "dirlink").symlink_to(tmp_path, target_is_directory=True)
-    used = caps.disk_usage([tmp_path / "run"], stop_above=1 << 30)
+    used = disk_usage([tmp_path / "run"], stop_above=1 << 30)
     assert 1 << 20 <= used < 2 << 20
-    assert caps.disk_usage([tmp_path / "run"], stop_above=0) == used  # one file in: past the bound, stops
+    assert disk_usage([tmp_path / "run"], stop_above=0) == used  # one file in: past the bound, stops

@@ -8,6 +8,7 @@ another writer answers 503 with Retry-After (nothing changed), never a 500."""
 from __future__ import annotations
 
 import io
+import os
 import sqlite3
 import tarfile
 from collections.abc import Iterator
@@ -21,11 +22,11 @@ from backend.app import create_app
 from backend.db import get_engine, get_sessionmaker, transaction
 from backend.errors import InvalidRequest
 from backend.migrate import upgrade
-from backend.models import Token
+from backend.models import Run, Token
 from backend.security import create_token
 from backend.sweep_spec import SweepSpec, check_space
 from cli.redis_server import RedisServer
-from testkit.stack import sweep_spec
+from testkit.stack import run_spec, sweep_spec
 from torchyard import datasets
 from torchyard.settings import get_settings
 
@@ -71,7 +72,7 @@ def test_a_shard_member_named_out_of_its_place_is_refused(tmp_path: Path, member
 @pytest.fixture
 def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, Path]]:
     """The app in-process on a SQLite file of its own that gives up waiting for a lock after 0.2 s,
-    a member's token, and per-member dataset bounds of 2 datasets and 1 MiB."""
+    a member's token, per-member dataset bounds of 2 datasets and 1 MiB, and 1 MiB of checkpoints."""
     database = tmp_path / "db.sqlite"
     redis = RedisServer(tmp_path / "redis").start()
     for name, value in {
@@ -81,6 +82,8 @@ def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestC
         "SQLITE_BUSY_TIMEOUT_S": "0.2",
         "MAX_MEMBER_DATASETS": "2",
         "MAX_MEMBER_DATASET_BYTES": str(1 << 20),
+        "MAX_MEMBER_CHECKPOINT_BYTES": str(1 << 20),
+        "ALLOW_WAITING_FOR_NODES": "true",  # no worker here: a submitted run stays queued
     }.items():
         monkeypatch.setenv(f"TORCHYARD_{name}", value)
     for cached in (get_settings, get_engine, get_sessionmaker):
@@ -135,3 +138,23 @@ def test_a_member_cannot_own_datasets_past_their_count_or_bytes(api: tuple[TestC
     assert again.status_code == 200, again.text
     past = client.put("/api/v1/datasets/b/shards/0", content=shard_of(700 << 10))
     assert past.status_code == 413 and "TORCHYARD_MAX_MEMBER_DATASET_BYTES" in past.json()["detail"], past.text
+
+
+def test_a_member_past_their_checkpoint_bytes_deletes_some_before_the_next_run(api: tuple[TestClient, Path]) -> None:
+    client, _database = api
+    first = client.post("/api/v1/runs", json=run_spec(name="first"))
+    assert first.status_code == 201, first.text
+    run_id = first.json()["id"]
+    busy = client.delete(f"/api/v1/runs/{run_id}/checkpoints")
+    assert busy.status_code == 409 and "once it has ended" in busy.json()["detail"], busy.text
+    with transaction() as session:  # it ended, keeping 2 MiB of checkpoints (and a link to elsewhere)
+        session.get(Run, run_id).status = "succeeded"  # type: ignore[union-attr]
+    step = get_settings().checkpoints / str(run_id) / "step-10"
+    step.mkdir(parents=True)
+    (step / "model.pt").write_bytes(os.urandom(2 << 20))
+    (step / "elsewhere").symlink_to(get_settings().state_dir, target_is_directory=True)
+    refused = client.post("/api/v1/runs", json=run_spec(name="second"))
+    assert refused.status_code == 429 and "TORCHYARD_MAX_MEMBER_CHECKPOINT_BYTES" in refused.json()["detail"]
+    assert client.delete(f"/api/v1/runs/{run_id}/checkpoints").status_code == 204
+    assert not step.exists() and get_settings().state_dir.is_dir()  # the link was removed, not followed
+    assert client.post("/api/v1/runs", json=run_spec(name="second")).status_code == 201
