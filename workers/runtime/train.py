@@ -224,7 +224,16 @@ def train(spec: RunSpec) -> None:
     params = sum(p.numel() for p in workload.model.parameters())
     ddp_logging = os.environ.get("TORCHYARD_DDP_LOGGING_CHECK") == "1"  # tests: DDP's own timers, every step
     slow_peer_s = float(os.environ.get("TORCHYARD_SLOW_PEER_S", "0"))  # tests: the last rank late on even steps
-    strategy = strategies.build(spec, workload, device, timer, ddp_logging=ddp_logging, slow_peer_s=slow_peer_s)
+    schedule = os.environ.get("TORCHYARD_ASYNC_SCHEDULE_SEED")  # tests: async's updates in a seeded order (a replay)
+    strategy = strategies.build(
+        spec,
+        workload,
+        device,
+        timer,
+        ddp_logging=ddp_logging,
+        slow_peer_s=slow_peer_s,
+        schedule_seed=None if schedule is None else int(schedule),
+    )
     shard, shards = strategy.data_shard(rank, world)
     per_rank = t.batch_size // shards
     checkpoints = checkpoint.directory()

@@ -21,9 +21,11 @@ def build(
     timer: CommTimer | None,
     ddp_logging: bool = False,
     slow_peer_s: float = 0.0,
+    schedule_seed: int | None = None,
 ) -> Strategy:
     """The strategy ``spec.strategy`` names, wrapped around ``workload`` on the default process group.
-    ``ddp_logging`` and ``slow_peer_s`` are for tests (DDP's own timers every step; a late last rank)."""
+    ``ddp_logging``, ``slow_peer_s`` and ``schedule_seed`` are for tests (DDP's own timers every step; a
+    late last rank; ``async``'s updates in an order drawn from the seed, not as they arrive)."""
     s, lr = spec.strategy, spec.training.lr
     if isinstance(s, specs.DdpConfig):
         from workers.runtime.strategies.ddp import DdpStrategy
@@ -56,7 +58,7 @@ def build(
     if isinstance(s, specs.AsyncConfig):
         from workers.runtime.strategies.async_ps import AsyncStrategy
 
-        return AsyncStrategy(s, spec.training, workload, device, timer, lr)
+        return AsyncStrategy(s, spec.training, workload, device, timer, lr, schedule_seed=schedule_seed)
     raise ValueError(f"unknown strategy {s.kind!r}")
 
 

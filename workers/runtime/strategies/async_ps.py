@@ -27,6 +27,13 @@ Between two sync points the server applies workers × steps gradients, a loop st
 being one gradient per worker (one averaged version at s = 0): every rank runs the same number of
 loop steps, and the checkpoint's collective save finds every rank at the same step.
 
+**Replay (tests)**: with a ``schedule_seed`` the server applies the gradients in an order drawn
+from that seed, not in their arrival order: before each update it draws the worker whose gradient
+comes next from those the bound lets through, and keeps any other worker's gradient until that
+one's has arrived. Every gradient is then computed on, and applied at, the same version in every
+run of one spec and seed, so the run replays exactly (a stale run's loss no longer depends on the
+machine's timing). Without it (the default, what a spec runs) gradients are applied as they arrive.
+
 **Checkpoints**: the server saves the model, the optimizer and its versions; the workers save
 nothing (their parameters are a version the server had). A resumed worker's first step pulls the
 server's parameters before it computes.
@@ -54,6 +61,7 @@ server: ``version``, ``staleness_max`` over the gradients it applied in the step
 
 from __future__ import annotations
 
+import random
 import time
 from collections import deque
 from typing import Any
@@ -87,6 +95,7 @@ class AsyncStrategy(Strategy):
         device: torch.device,
         timer: CommTimer | None,
         lr: float,
+        schedule_seed: int | None = None,
     ) -> None:
         super().__init__(workload, device, timer, lr)
         assert device.type == "cpu", "Gloo send/recv of CPU tensors (the spec refuses cuda)"
@@ -111,6 +120,9 @@ class AsyncStrategy(Strategy):
             self.pending: deque[tuple[int, Tensor, float]] = deque()  # (worker, gradient, arrival): kept back
             # worker -> (its gradient's arrival, its staleness): applied, answered at the sync point
             self.held: dict[int, tuple[float, int]] = {}
+            # tests: the order of the updates drawn from a seed, not the arrival order (see Replay)
+            self.schedule = None if schedule_seed is None else random.Random(schedule_seed)
+            self.due: int | None = None  # the worker whose gradient the schedule applies next
 
     # -- the worker ------------------------------------------------------------------------------
 
@@ -202,15 +214,23 @@ class AsyncStrategy(Strategy):
         return dist.get_global_rank(self.group, work._source_rank()), grad, time.perf_counter()
 
     def next_ready(self) -> tuple[int, Tensor, float] | None:
-        """The first kept gradient that the bound lets through: applying it (one more version) leaves
-        no other worker that will push again before the sync point more than s versions behind."""
-        s = self.cfg.max_staleness
+        """The first kept gradient that the bound lets through; with a schedule, the gradient of the
+        worker it draws from those the bound lets through, once it has arrived."""
+        if self.schedule is not None and self.due is None:
+            # every worker not held at a sync point has pushed, or will push, its next gradient
+            self.due = self.schedule.choice([w for w in self.workers if w not in self.held and self.within_bound(w)])
         for i, (worker, grad, at) in enumerate(self.pending):
-            others = (u for u in self.workers if u != worker and u not in self.held)
-            if all(self.version + 1 - self.base[u] <= s for u in others):
+            if (worker == self.due) if self.schedule is not None else self.within_bound(worker):
                 del self.pending[i]
+                self.due = None
                 return worker, grad, at
         return None
+
+    def within_bound(self, worker: int) -> bool:
+        """Applying the worker's gradient (one more version) leaves no other worker that will push
+        again before the sync point more than s versions behind."""
+        others = (u for u in self.workers if u != worker and u not in self.held)
+        return all(self.version + 1 - self.base[u] <= self.cfg.max_staleness for u in others)
 
     def apply(self, grad: Tensor) -> None:
         assert self.optimizer is not None
