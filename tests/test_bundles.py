@@ -265,11 +265,15 @@ def test_bundle_tools_refuse_what_a_worker_must_not_unpack(tmp_path: Path) -> No
 
 
 SCRATCH_AND_CHECKPOINT = """
-import os, pathlib, sys
+import os, pathlib, sys, time
 pathlib.Path("scratch.bin").write_bytes(b"x" * 1024)  # in the unpacked code's folder (the cwd)
 checkpoints = pathlib.Path(os.environ["TORCHYARD_CHECKPOINT_DIR"])
 checkpoints.mkdir(parents=True, exist_ok=True)
 (checkpoints / f"rank{os.environ['RANK']}.pt").write_bytes(b"weights")
+# Every rank's file is there before any rank exits: torchrun ends the other ranks once one exits
+# non-zero, and a rank still starting up would never write its own.
+while len(list(checkpoints.glob("rank*.pt"))) < int(os.environ["WORLD_SIZE"]):
+    time.sleep(0.01)
 sys.exit(int(sys.argv[1]))
 """
 

@@ -107,6 +107,7 @@ def test_stream_delivers_metrics_live_and_resumes_by_last_event_id(stack: Runnin
     assert points == {(r, s) for r in (0, 1) for s in range(1, 1501)}
 
 
+@pytest.mark.parametrize("stack", ["sqlite"], indirect=True)  # no database in what it checks
 def test_cancel_ends_every_process_of_the_run_within_5_seconds(stack: RunningStack) -> None:
     run = stack.client.submit(name="to-cancel", steps=10_000_000, params={"hidden": 32})
     wait_for(lambda: stack.client.run(run["id"])["last_step"] > 5, 60, "the run to train a few steps", 0.2)
@@ -131,6 +132,7 @@ def test_cancel_ends_every_process_of_the_run_within_5_seconds(stack: RunningSta
     assert again.status_code == 409 and "cancelled" in again.json()["detail"]
 
 
+@pytest.mark.parametrize("stack", ["sqlite"], indirect=True)  # no database in what it checks
 def test_failing_workload_fails_with_its_traceback_and_the_worker_takes_the_next_run(stack: RunningStack) -> None:
     run = stack.client.submit(name="boom", workload="fail", params={"at_step": 3}, steps=10)
     failed = stack.client.wait_status(run["id"], {"failed"})
