@@ -30,7 +30,7 @@ from backend.errors import Conflict, LimitExceeded, NotFound
 from backend.models import Run, Token
 from backend.runs import get_run
 from torchyard import checkpoints as layout
-from torchyard.runfiles import RunDir, UnsafeFile, disk_usage, open_regular
+from torchyard.runfiles import RunDir, disk_usage, open_regular
 from torchyard.settings import Settings
 from torchyard.states import TERMINAL
 
@@ -66,12 +66,13 @@ def _files(step: RunDir) -> list[tuple[str, os.stat_result]]:
 
 def _open_step(path: Path) -> RunDir:
     """The checkpoint directory ``<root>/step-<N>``, held open (never through a link the ranks put
-    there). FileNotFoundError: it is gone, or is a link now (the ranks rotated it, or swapped it)."""
-    with RunDir.open(path.parent) as root:
-        try:
+    there). FileNotFoundError: it is gone, is a link now (the ranks rotated it, or swapped it), or
+    the ranks made it unreadable to the api."""
+    try:
+        with RunDir.open(path.parent) as root:
             return root.subdir(path.name)
-        except UnsafeFile:
-            raise FileNotFoundError(path) from None
+    except OSError:
+        raise FileNotFoundError(path) from None
 
 
 def _info(step: int, path: Path) -> CheckpointInfo | None:
@@ -165,7 +166,7 @@ class Archive:
         contents are those of what was opened, whatever the ranks do to the name afterwards)."""
         try:
             fd = open_regular(name, dir_fd)
-        except (UnsafeFile, FileNotFoundError):
+        except OSError:  # a link or not a regular file (UnsafeFile), gone, or made unreadable to the api
             return
         handle = os.fdopen(fd, "rb")
         info = os.fstat(fd)
