@@ -30,6 +30,14 @@ class UnsafeFile(OSError):
     """What was found is not a regular file reached without links, or is larger than its bound."""
 
 
+class NotRegular(UnsafeFile):
+    """A FIFO, a device, a directory: opened without a link, but not a regular file."""
+
+
+class TooLarge(UnsafeFile):
+    """A regular file holding more than the bound it is read to."""
+
+
 def _parts(relative: str) -> list[str]:
     parts = [p for p in relative.split("/") if p not in ("", ".")]
     if relative.startswith("/") or ".." in parts or not parts:
@@ -82,7 +90,7 @@ class RunDir:
         with os.fdopen(self.open_file(relative), "rb") as f:
             data = f.read(limit + 1)
         if len(data) > limit:
-            raise UnsafeFile(f"{relative} is larger than {limit} bytes")
+            raise TooLarge(f"{relative} is larger than {limit} bytes")
         return data
 
     def read_tail(self, relative: str, limit: int) -> bytes:
@@ -128,7 +136,7 @@ def open_regular(name: str, dir_fd: int) -> int:
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
-        raise UnsafeFile(f"{name} is not a regular file")
+        raise NotRegular(f"{name} is not a regular file")
     os.set_blocking(fd, True)
     return fd
 

@@ -190,11 +190,9 @@ def remove_groups(dirs: list[Path]) -> None:
 def _enable_controllers(parent: Path) -> None:
     """cgroup v2: the controllers on for the worker's group's children (a no-op where they are)."""
     parent.mkdir(exist_ok=True)
-    on = set((parent.parent / "cgroup.subtree_control").read_text().split())
-    for controller in CONTROLLERS:
-        if controller not in on:
-            (parent.parent / "cgroup.subtree_control").write_text(f"+{controller}")
-    on = set((parent / "cgroup.subtree_control").read_text().split())
-    for controller in CONTROLLERS:
-        if controller not in on:
-            (parent / "cgroup.subtree_control").write_text(f"+{controller}")
+    for group in (parent.parent, parent):
+        control = group / "cgroup.subtree_control"
+        on = set(control.read_text().split())
+        for controller in CONTROLLERS:
+            if controller not in on:
+                control.write_text(f"+{controller}")

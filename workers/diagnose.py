@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import stat
 import threading
 import time
 from pathlib import Path
@@ -21,6 +19,7 @@ from typing import Any
 import redis
 
 from torchyard import hangdump, streams
+from torchyard.runfiles import NotRegular, RunDir, TooLarge
 from workers.output import send
 from workers.rundirs import write_marker
 
@@ -99,18 +98,17 @@ NO_ANSWER = f"no answer within {hangdump.RANK_ANSWER_S:g} s (the process is gone
 
 def read_dump(path: Path, request: str) -> tuple[dict[str, Any] | None, str]:
     """A rank's dump answering ``request``, or None and why not."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:  # the rank wrote it: read as everything a run writes is (torchyard/runfiles.py)
+        with RunDir.open(path.parent) as directory:
+            raw = directory.read(path.name, hangdump.MAX_DUMP_BYTES)
     except FileNotFoundError:
         return None, NO_ANSWER
-    except OSError as exc:
-        return None, f"its dump cannot be opened ({exc.strerror}; a link is refused)"
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None, "its dump is not a regular file"
-        raw = f.read(hangdump.MAX_DUMP_BYTES + 1)
-    if len(raw) > hangdump.MAX_DUMP_BYTES:
+    except NotRegular:
+        return None, "its dump is not a regular file"
+    except TooLarge:
         return None, f"its dump is larger than {hangdump.MAX_DUMP_BYTES} bytes"
+    except OSError as exc:
+        return None, f"its dump cannot be opened ({exc.strerror or exc}; a link is refused)"
     try:
         dump = json.loads(raw)
     except ValueError:
