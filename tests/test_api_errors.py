@@ -9,7 +9,12 @@ import pytest
 
 from testkit.stack import RunningStack, run_spec
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
+# What the api answers to bad input is decided above the database: one stack, on SQLite.
+pytestmark = [
+    pytest.mark.stack,
+    pytest.mark.timeout(120),
+    pytest.mark.parametrize("stack", ["sqlite"], indirect=True, scope="module"),
+]
 
 
 def post_run(stack: RunningStack, spec: dict[str, Any]) -> httpx.Response:

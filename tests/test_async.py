@@ -124,7 +124,7 @@ def test_every_rank_reports_its_pushes_pulls_and_comm_for_every_step(run: Any) -
     assert server[STEPS] == 2 * STEPS, "every worker's every gradient is a version"
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("workload", ["mlp", "charlm"])
 def test_stale_gradients_still_learn_and_end_near_ddp(run: Any, workload: str) -> None:
     """In the seeded order of updates: the same figures in every run, whatever the machine's load."""
@@ -136,7 +136,7 @@ def test_stale_gradients_still_learn_and_end_near_ddp(run: Any, workload: str) -
     assert max(seen) == 4, "gradients are applied up to the bound late, never later"
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_a_seeded_order_replays_exactly_and_arrival_order_learns_as_well(run: Any) -> None:
     first, again = run("mlp seeded"), run("mlp seeded again")
     assert losses(first) == losses(again), "the same spec and seed: the same loss at every rank and step"
@@ -168,7 +168,7 @@ def test_no_gradient_is_applied_later_than_the_bound_and_fast_workers_wait(run: 
         assert statistics.median(waits[fast].values()) >= 0.3 * SLOW_S, fast
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_a_slowed_worker_does_not_slow_the_others(run: Any) -> None:
     """Counted in one run, not timed across runs: the server's version when it answers a worker's
     push is every gradient applied so far, so it tells how far the other worker had got by then."""

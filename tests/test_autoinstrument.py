@@ -20,7 +20,7 @@ from cli.redis_server import RedisServer
 from torchyard import streams
 from workers.code import INJECT_DIR
 
-pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 # The distributed tutorial's "manual averaging": no DDP, the script all-reduces its gradients itself.

@@ -36,7 +36,7 @@ ENTRY_POINTS: dict[str, set[str]] = {
 BUILTIN_BARE = {"ddp/allreduce", "zero"}  # plain all-reduce: bare = DDP's built-in path
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(120)
 def test_overhead_benchmark_accounts_instrumentation_in_every_strategy(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")}
     env["OMP_NUM_THREADS"] = "1"

@@ -20,7 +20,7 @@ from cli.wait import wait_for
 from testkit.stack import RunningStack, sqlite_stack
 from torchyard import archive
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
 LIMIT = 64 * 1024
 
 # Written the way the PyTorch DDP tutorial writes it: nothing torchyard-specific.

@@ -10,7 +10,7 @@ import pytest
 from testkit.chaos import SCENARIOS, Chaos
 from testkit.stack import sqlite_stack
 
-pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from testkit.torchrun import losses, points, spec, torchrun
 from torchyard.checkpoints import COMPLETE
 from workers.runtime.checkpoint import latest
 
-pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
 
 
 def mlp_spec(steps: int, strategy: str, *, final: bool = True) -> dict:

@@ -25,7 +25,7 @@ from torchyard import checkpoints as layout
 from torchyard.spec import RunSpec
 from workers.runtime.workloads import build
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
 PARAMS = {"hidden": 32}
 
 

@@ -232,7 +232,7 @@ SLOW_PEER_S = 0.5  # rank 1 joins the all-reduce this late on even steps (TORCHY
 
 
 @pytest.mark.dist
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(120)
 def test_both_measures_of_a_sampled_steps_comm_find_a_known_late_peer(tmp_path: Path) -> None:
     """The two independent measures of a sampled step's communication, the trace's Gloo spans
     (``prof_comm_time_s``) and the DDP hooks' futures (``comm_time_s``), held to a wait injected

@@ -118,7 +118,7 @@ def compose_db(tmp_path: Path) -> Iterator[tuple[str, str]]:
 
 
 @pytest.mark.stack
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(120)
 def test_every_compose_service_starts_as_a_process_and_the_system_runs_a_run(
     tmp_path: Path, wheel_site: Path, compose_db: tuple[str, str]
 ) -> None:

@@ -23,7 +23,7 @@ from testkit.stack import RunningStack, run_processes, run_spec, sqlite_stack
 from torchyard import datasets as fmt
 from torchyard.checkpoints import complete
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
 SAMPLES = 203  # uneven shards: the last one short
 STEP_FIGURES = ("data_time_s", "data_wait_s", "data_copy_s", "step_time_s", "samples_per_s")
 READ_FIGURES = ("read_bytes_per_s", "read_samples_per_s")

@@ -18,7 +18,7 @@ from cli.wait import wait_for
 from testkit.stack import RunningStack, read_sse, run_processes
 from torchyard.states import TERMINAL
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
 
 
 def test_ddp_run_succeeds_with_every_step_of_every_rank_stored_once(stack: RunningStack) -> None:

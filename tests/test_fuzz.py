@@ -30,7 +30,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
         yield running.url, running.token
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(120)
 @schema.parametrize()
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_input_makes_the_api_fail(case: schemathesis.Case, api: tuple[str, str]) -> None:

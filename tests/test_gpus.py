@@ -14,7 +14,7 @@ from cli.wait import wait_for
 from testkit.stack import RunningStack, sqlite_stack
 from workers.rundirs import runs_dir
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
 
 # Holds its GPUs until the test drops a file named "release" next to it (then ends successfully).
 HOLDS = """

@@ -17,7 +17,7 @@ from testkit.stack import metric_rows, row_gaps, run_processes, run_spec
 
 pytestmark = [
     pytest.mark.netns,
-    pytest.mark.timeout(300),
+    pytest.mark.timeout(120),
     pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
     needs(*([] if netns.available() else ["iproute2's ip (apt-get install iproute2)"])),
 ]

@@ -19,7 +19,7 @@ from testkit.stack import Client, metric_rows, row_gaps, run_processes, start_st
 from torchyard.net import free_port
 from workers import rundirs
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
 
 
 def test_up_serves_the_cli_and_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
@@ -102,7 +102,7 @@ def start_up(env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
     raise AssertionError(f"up exited with {up.wait()} before printing its token")
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(120)
 def test_ctrl_c_on_up_saves_a_run_that_saves_on_cancel_and_the_next_up_resumes_it(tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")}

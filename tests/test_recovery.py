@@ -13,7 +13,7 @@ import pytest
 from cli.wait import wait_for
 from testkit.stack import RunningStack, run_processes, run_spec, sqlite_stack
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ event in its history, a series on /metrics), not one per step."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterator
 from typing import Any
 
@@ -85,8 +86,12 @@ def test_a_rank_slow_to_load_its_data_is_named_with_cause_data(stack: RunningSta
 
     heat = stack.client.http.get(f"/api/v1/runs/{found['run_id']}/heatmap", params={"key": "data_time_s"}).json()
     assert heat["ranks"] == [0, 1] and heat["bucket_steps"] == 1 and len(heat["steps"]) == STEPS
+    # Every step of the slowed rank holds its sleep (a lower bound, whatever the load); the other
+    # rank's typical step reads in a fraction of it (a median: another process taking the core can
+    # stretch any one step of it, as seen with two test processes on 2 cores).
     slow, fast = heat["values"][1][5:], heat["values"][0][5:]
-    assert all(s - f > DELAY_S * 0.8 for s, f in zip(slow, fast, strict=True)), heat["values"]
+    assert all(s >= DELAY_S for s in slow), heat["values"]
+    assert statistics.median(fast) < DELAY_S * 0.25, heat["values"]
 
 
 def test_a_rank_with_more_compute_is_named_with_cause_compute(stack: RunningStack) -> None:
@@ -139,7 +144,12 @@ def test_a_run_that_slows_down_mid_way_raises_one_alert(stack: RunningStack) -> 
     assert again == raised and raised["alert"] == "throughput" and raised["to_status"] == "running"
     first_slow = int(raised["reason"].split("from step ")[1].split(" ")[0])
     print(f"slows down: {raised['reason']}")
-    # at the slowdown; a step or two before it may open the streak: a 2 ms step doubles on a hiccup
-    assert raised["reason"].startswith("slower: throughput ") and 27 <= first_slow <= 31
+    # At the slowdown, or earlier only where rank 0's own stored steps say the streak really began
+    # earlier: a 2 ms step that another process held up for a while (two test workers on 2 cores).
+    assert raised["reason"].startswith("slower: throughput ") and first_slow <= 31
+    rank0 = stack.client.http.get(f"/api/v1/runs/{run_id}/metrics", params={"key": "samples_per_s"}).json()
+    speed = dict(zip(rank0["ranks"]["0"]["step"], rank0["ranks"]["0"]["value"], strict=True))
+    usual = statistics.median(speed[step] for step in range(5, min(first_slow, 30)))
+    assert all(speed[step] < usual / 2 for step in range(first_slow, 31)), (first_slow, speed)
     assert 'torchyard_run_alert{run="' not in stack.client.http.get("/metrics").text  # it ended: nothing holds
     assert attribution(stack, run_id)["stragglers"] == []  # every rank slow alike: nobody waits for another

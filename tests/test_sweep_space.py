@@ -17,7 +17,7 @@ from backend.sweep_spec import SweepSpec, check_space, spec_with
 from testkit.stack import sweep_spec
 from torchyard.spec import RunSpec
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = pytest.mark.timeout(120)
 
 
 def conditional_spec(**overrides: Any) -> dict[str, Any]:

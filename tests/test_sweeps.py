@@ -24,7 +24,7 @@ from testkit.chaos import Chaos
 from testkit.stack import SWEEP_PARAMS, RunningStack, metric_rows, run_processes, sqlite_stack, sweep_spec
 from torchyard.spec import MlpParams
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
 
 STEPS, RUNG = 1500, 50  # the pruning sweep: a trial's steps, and ASHA's first rung
 
@@ -171,7 +171,7 @@ def one_process_loss(lr: float) -> float:
     return sum(losses[-LAST_K:]) / LAST_K
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(240)  # ~90 s measured with two test workers on 2 cores: twice that
 def test_a_tpe_sweep_over_a_log_uniform_lr_finds_the_lr_a_one_process_grid_finds_best(stack: RunningStack) -> None:
     # The grid first (a fraction of a second): where the loss is lowest. "Lowest": within 25% of the
     # grid's least loss (the losses span 0.6 … 6 here; the next grid points up and down are 2x and
@@ -302,7 +302,7 @@ def sweeps(stack: RunningStack) -> dict[str, int]:
 
 
 @browser_test
-@pytest.mark.timeout(300)  # 60 s for the page; the rest for its sweeps where the tests above made none
+@pytest.mark.timeout(120)  # 60 s for the page; the rest for its sweeps where the tests above made none
 def test_the_sweep_page_draws_each_trial_the_best_so_far_the_parameters_and_their_importance(
     sweeps: dict[str, int], page: Any, stack: RunningStack
 ) -> None:

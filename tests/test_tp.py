@@ -74,7 +74,7 @@ def per_step(pts: Points, key: str) -> set[float]:
     return {values[key] for _r, _s, values in pts}
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize(("workload", "bound"), [("mlp", 1e-4), ("charlm", 1e-3)])
 def test_tp_and_fsdp_tp_match_one_process_step_by_step(run: Any, workload: str, bound: float) -> None:
     baseline = global_loss(run(f"{workload} baseline"), STEPS)
@@ -93,7 +93,7 @@ def test_tp_and_fsdp_tp_match_one_process_step_by_step(run: Any, workload: str, 
         assert max_diff(global_loss(run("charlm tp no-sp"), STEPS), baseline) <= bound
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(120)
 def test_tp_collectives_are_counted_by_kind_with_the_bytes_the_shapes_give(run: Any) -> None:
     for name in RUNS:
         if "baseline" in name:
@@ -141,7 +141,7 @@ def test_tp_collectives_are_counted_by_kind_with_the_bytes_the_shapes_give(run: 
             assert values["comm_bytes_all_gather"] >= values["comm_bytes_reduce_scatter"] > 0
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize(("name", "strategy", "procs"), [("tp", TP, 2), ("fsdp_tp", FSDP_TP, 4)])
 def test_every_collective_torch_sees_is_counted(
     tmp_path: Path, name: str, strategy: dict[str, Any], procs: int
@@ -154,7 +154,7 @@ def test_every_collective_torch_sees_is_counted(
     assert set(found["timer"]) == {"all_gather", "reduce_scatter", "all_reduce"}
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(120)
 def test_each_rank_holds_its_share_of_the_parameters(run: Any) -> None:
     """Data vs model parallelism's memory: DDP (and 1 process) holds every parameter on every
     rank; TP over 2 ranks about half (the embedding and the small replicated biases and norms

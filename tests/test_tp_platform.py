@@ -10,7 +10,7 @@ import pytest
 
 from testkit.stack import run_spec, sqlite_stack
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
 
 STEPS = 8
 

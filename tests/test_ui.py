@@ -71,7 +71,7 @@ def test_login_through_the_printed_link_sets_an_httponly_cookie_and_logout_clear
     context.close()
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(120)
 def test_a_run_submitted_from_the_form_is_watched_live_to_success(page: Page) -> None:
     page.goto("/#/new")
     # The name may stay empty (the server names the run), processes start at the CLI's default.
@@ -351,7 +351,7 @@ def test_a_finished_runs_scaling_card_projects_it_to_more_ranks(
     shot(page, "run-detail-scaling")
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(120)
 def test_a_lost_connection_shows_a_banner_and_the_stream_resumes_where_it_stopped(
     page: Page, ui_stack: RunningStack
 ) -> None:

@@ -76,7 +76,7 @@ def close(shown: str, value: float, digits: int = 3) -> bool:
     return abs(parse_shown(shown) - value) <= abs(value) * 10 ** (1 - digits)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_charts_sit_in_sections_each_folded_or_open_as_its_user_left_it(
     page: Page, ui_stack: RunningStack, runs: dict[str, int]
 ) -> None:
@@ -127,7 +127,7 @@ def test_charts_sit_in_sections_each_folded_or_open_as_its_user_left_it(
     expect(page.get_by_test_id("section-communication")).to_have_attribute("data-open", "true")
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_smoothing_log_scale_and_per_rank_lines(page: Page, ui_stack: RunningStack, runs: dict[str, int]) -> None:
     finished(ui_stack, runs["a"])
     page.goto(f"/#/runs/{runs['a']}")
@@ -173,7 +173,7 @@ def test_smoothing_log_scale_and_per_rank_lines(page: Page, ui_stack: RunningSta
     page.get_by_test_id("per-rank").uncheck()
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_any_series_downloads_as_csv_and_json_at_full_resolution(
     page: Page, ui_stack: RunningStack, runs: dict[str, int], tmp_path: Path
 ) -> None:
@@ -210,7 +210,7 @@ def test_any_series_downloads_as_csv_and_json_at_full_resolution(
     assert missing.status_code == 404 and "has no metric 'nope'" in missing.json()["detail"]
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_throughput_has_one_definition_in_the_list_the_run_page_and_compare(
     page: Page, ui_stack: RunningStack, runs: dict[str, int]
 ) -> None:
@@ -294,7 +294,7 @@ def test_compare_strategies_queues_one_run_per_strategy_and_compares_them(
     expect(summary.get_by_text("cancelled")).to_have_count(len(ids), timeout=30_000)  # read again until they end
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_the_log_panel_opens_on_the_traceback_pages_back_and_folds_noise(
     page: Page, ui_stack: RunningStack, runs: dict[str, int]
 ) -> None:
@@ -366,7 +366,7 @@ for step in range(20):
 """
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(120)
 def test_a_script_run_without_a_loss_says_how_to_log_one(page: Page, ui_stack: RunningStack) -> None:
     run = ui_stack.client.submit_script("no-loss", "noloss.py", NO_LOSS_SCRIPT)
     done = finished(ui_stack, run["id"])

@@ -29,7 +29,7 @@ def ui_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]
         yield running
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(120)
 def test_the_run_page_names_the_straggler_and_draws_every_rank_over_the_steps(
     page: Page, ui_stack: RunningStack
 ) -> None:

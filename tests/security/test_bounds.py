@@ -24,7 +24,7 @@ import pytest
 from cli.wait import wait_for
 from testkit.stack import Client, RunningStack, read_sse, run_processes, run_spec, sqlite_stack
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
 VICTIM_STEPS = 30
 
 

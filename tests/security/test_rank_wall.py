@@ -21,7 +21,7 @@ from cli.wait import wait_for
 from testkit.stack import RunningStack, sqlite_stack
 from torchyard import streams
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
 IS_ROOT = os.geteuid() == 0
 VICTIM_STEPS = 6000
 

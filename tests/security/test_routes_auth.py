@@ -17,7 +17,7 @@ from backend.deps import REQUIRED_ROLE, Viewer
 from backend.security import ROLES
 from testkit.stack import RunningStack, sqlite_stack
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
 
 # (method, path) that answer without a token: health checks, and the login exchange itself.
 OPEN = {("GET", "/healthz"), ("GET", "/readyz"), ("POST", "/api/v1/session")}

@@ -15,7 +15,7 @@ from testkit.stack import RunningStack, metric_rows, sqlite_stack
 
 pytestmark = [
     pytest.mark.stack,
-    pytest.mark.timeout(300),
+    pytest.mark.timeout(120),
     pytest.mark.skipif(os.geteuid() != 0, reason="caps are held by a root worker's control groups"),
 ]
 PIDS, DISK = 128, 64 << 20

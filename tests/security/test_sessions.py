@@ -30,7 +30,7 @@ from testkit.stack import RunningStack, run_spec
 from torchyard.net import free_port
 from torchyard.settings import settings_env
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
 COOKIE = "torchyard_session"
 
 

@@ -24,7 +24,7 @@ from cli.wait import wait_for
 from testkit.stack import RunningStack, run_processes, sqlite_stack
 from torchyard import streams
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
 SLOTS_BACK_WITHIN_S = 15.0
 
 

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 from torchyard import checkpoints as layout
 from workers.runtime.strategies.base import Strategy
@@ -54,6 +53,15 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 DATA_POSITION = "data.json"  # the run's data position after the step (torchyard.data.Loader.state_dict)
 
 
+def dcp() -> Any:
+    """torch.distributed.checkpoint, imported by the first save or load: it brings DTensor and
+    sympy, about half a second of every rank's start-up here, which a run that never checkpoints
+    need not pay (most runs; every test run that does not resume)."""
+    import torch.distributed.checkpoint
+
+    return torch.distributed.checkpoint
+
+
 def save(root: Path, step: int, strategy: Strategy, data_position: dict[str, Any] | None = None) -> Path:
     """Collective: every rank calls it at the same step. ``data_position`` (the same on every rank:
     it is global) is written once, by rank 0."""
@@ -63,7 +71,7 @@ def save(root: Path, step: int, strategy: Strategy, data_position: dict[str, Any
         shutil.rmtree(staging, ignore_errors=True)  # a save that died half way
         staging.mkdir(parents=True)
     dist.barrier()
-    dcp.save(strategy.state_dict(), checkpoint_id=staging)
+    dcp().save(strategy.state_dict(), checkpoint_id=staging)
     torch.save({"step": step, "rng": _rng_state()}, staging / f"rank-{rank}.pt")
     if rank == 0 and data_position is not None:
         (staging / DATA_POSITION).write_text(json.dumps(data_position))
@@ -81,7 +89,7 @@ def load(path: Path, strategy: Strategy) -> tuple[int, dict[str, Any] | None]:
     """Restores the strategy's model and optimizer and this rank's RNG; returns the step and the
     data position saved with it (None: the run reads no registered dataset)."""
     state = strategy.state_dict()
-    dcp.load(state, checkpoint_id=path)
+    dcp().load(state, checkpoint_id=path)
     strategy.load_state_dict(state)
     mine = path / f"rank-{dist.get_rank()}.pt"
     # A rank the saving attempt did not have (the world grew) takes rank 0's step and RNG state.

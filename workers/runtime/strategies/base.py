@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.tensor import DTensor
 
 from workers.runtime.comm import CommTimer
 from workers.runtime.workloads import Batch, Workload
@@ -69,11 +68,15 @@ class Strategy:
     def state_dict(self) -> dict[str, Any]:
         """What this rank puts in a checkpoint (``workers.runtime.checkpoint``; an entry that several
         ranks hold alike, a replicated weight, is written once): the model and the optimizer."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict  # see checkpoint.py's imports
+
         model, optim = get_state_dict(self.model, self.optimizer)  # type: ignore[arg-type]
         return {"model": model, "optim": optim}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take back what :meth:`state_dict` gave, once the checkpoint filled it in."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])  # type: ignore[arg-type]
 
     def describe(self) -> str:
@@ -91,9 +94,12 @@ def state_tensors(optimizer: torch.optim.Optimizer) -> list[Tensor]:
 
 def local_bytes(tensors: Iterable[Tensor]) -> int:
     """Bytes of the tensors as this rank holds them (a DTensor: its local shard)."""
+    # No tensor is a DTensor unless its module was loaded (by tp or fsdp): importing it here would
+    # cost every rank of every run its start-up (see checkpoint.py's imports).
+    dtensor = sys.modules.get("torch.distributed.tensor")
     total = 0
     for t in tensors:
-        local = t.to_local() if isinstance(t, DTensor) else t
+        local = t.to_local() if dtensor is not None and isinstance(t, dtensor.DTensor) else t
         total += local.numel() * local.element_size()
     return total
 
