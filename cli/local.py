@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -60,6 +61,19 @@ def login_link(api_url: str, token: str) -> str:
 
 def progress(what: str) -> None:
     print(f"torchyard: {what}", flush=True)
+
+
+def listed_nodes(api_url: str, token: str) -> list[dict[str, Any]]:
+    """The nodes the api lists; an error answer (a database still busy with the migration: a 503
+    whose body is ``{"detail": ...}``) raises, so a wait goes on and names it, and is never taken
+    for the list."""
+    response = httpx.get(f"{api_url}/api/v1/nodes", headers={"Authorization": f"Bearer {token}"}, timeout=5)
+    if response.status_code != 200:
+        raise RuntimeError(f"GET /api/v1/nodes answered {response.status_code}: {response.text[:200]}")
+    nodes = response.json()
+    if not isinstance(nodes, list):
+        raise RuntimeError(f"GET /api/v1/nodes answered no list: {response.text[:200]}")
+    return nodes
 
 
 class Stack:
@@ -110,8 +124,7 @@ class Stack:
         nodes = ""
         if "worker" in self.processes:
             progress("waiting for the worker's first heartbeat")
-            headers = {"Authorization": f"Bearer {token}"}
-            found = wait_for(lambda: httpx.get(f"{url}/api/v1/nodes", headers=headers, timeout=5).json(), 60, "a node")
+            found = wait_for(lambda: listed_nodes(url, token), 60, "a node")
             nodes = "; ".join(f"node {n['id']}: {n['slots']} slots, {', '.join(n['devices'])}" for n in found)
         print(
             f"\ntorchyard is up{f' ({nodes})' if nodes else ''}\n"
