@@ -69,17 +69,28 @@ def test_compose_file_is_valid_and_refuses_to_start_without_its_secrets() -> Non
     check = compose_config(dot_env())
     assert check.returncode == 0, check.stderr
     services = yaml.safe_load(check.stdout)["services"]
-    assert {"postgres", "redis", "migrate", "api", "ingest", "worker"} <= set(services)
-    gpu = services["worker"]["deploy"]["resources"]["reservations"]["devices"][0]
-    assert gpu["capabilities"] == ["gpu"]
+    assert {"postgres", "redis", "migrate", "api", "ingest", "worker", "gpu-worker"} <= set(services)
+    # A CPU worker by default (a host without NVIDIA's toolkit still gets one); the GPU worker only
+    # with --profile gpu, reserving the GPUs.
+    assert services["worker"]["environment"]["TORCHYARD_NODE_DEVICES"] == "cpu" and "deploy" not in services["worker"]
+    assert services["gpu-worker"]["profiles"] == ["gpu"] and "worker" not in services["gpu-worker"].get("profiles", [])
+    gpu = services["gpu-worker"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert (
+        gpu["capabilities"] == ["gpu"] and services["gpu-worker"]["environment"]["TORCHYARD_NODE_DEVICES"] == "cpu,cuda"
+    )
+    assert "version" not in yaml.safe_load((ROOT / "docker-compose.yml").read_text())  # obsolete in Compose
+    ignored = set((ROOT / ".dockerignore").read_text().split())
+    assert {".env", ".git", "frontend/node_modules"} <= ignored  # secrets and 90 MB out of the context
     assert services["migrate"]["command"] == ["torchyard", "migrate"]
-    for name in ("migrate", "api", "ingest", "worker"):  # one volume: bundles, checkpoints, run dirs
+    for name in ("migrate", "api", "ingest", "worker", "gpu-worker"):  # one volume: bundles, checkpoints, run dirs
         assert any(":/var/lib/torchyard" in str(v) for v in services[name].get("volumes", [])), name
-    # The worker is root so that runs are isolated, with the capabilities that takes and no more;
+    # A worker is root so that runs are isolated, with the capabilities that takes and no more;
     # the rest run as the image's user, and the image has the run user.
-    worker = services["worker"]
-    assert worker["user"] == "root" and worker["cap_drop"] == ["ALL"] and not worker.get("privileged")
-    assert {"SYS_ADMIN", "SETUID", "SETGID", "KILL"} <= set(worker["cap_add"]) and len(worker["cap_add"]) <= 8
+    for name in ("worker", "gpu-worker"):
+        worker = services[name]
+        assert worker["command"] == ["torchyard", "worker"], name
+        assert worker["user"] == "root" and worker["cap_drop"] == ["ALL"] and not worker.get("privileged"), name
+        assert {"SYS_ADMIN", "SETUID", "SETGID", "KILL"} <= set(worker["cap_add"]) and len(worker["cap_add"]) <= 8
     assert not any(services[name].get("user") for name in ("migrate", "api", "ingest"))
     run_user = Settings.model_fields["run_user"].default
     assert f"--shell /usr/sbin/nologin {run_user}" in (ROOT / "Dockerfile").read_text()
@@ -186,6 +197,15 @@ def test_every_compose_service_starts_as_a_process_and_the_system_runs_a_run(
 
         run = wait_for(ended, 120, "the compose run to end")
         assert run["status"] == "succeeded", run["status_reason"]
+        # Prometheus as docs/prometheus.yml tells it to scrape: its path, with a viewer token of its own.
+        (job,) = yaml.safe_load((ROOT / "docs" / "prometheus.yml").read_text())["scrape_configs"]
+        assert job["authorization"]["type"] == "Bearer" and job["static_configs"][0]["targets"] == ["api:8000"]
+        viewer = api.post("/api/v1/tokens", json={"name": "prometheus", "role": "viewer"}).json()["token"]
+        scraped = httpx.get(
+            f"http://127.0.0.1:{api_port}{job['metrics_path']}", headers={"Authorization": f"Bearer {viewer}"}
+        )
+        assert scraped.status_code == 200 and 'torchyard_runs{status="succeeded"} 1' in scraped.text, scraped.text[:500]
+        assert httpx.get(f"http://127.0.0.1:{api_port}{job['metrics_path']}").status_code == 401
     finally:
         for proc in reversed(processes):
             for child in psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []:
