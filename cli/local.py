@@ -138,7 +138,7 @@ class Stack:
     def spawn(self, name: str) -> subprocess.Popen[bytes]:
         """Starts (or restarts) one of the stack's processes: ``torchyard <name>``."""
         env = {**os.environ, **settings_env(self.settings)}  # children see exactly this stack's settings
-        quiet = {"api": ["--no-access-log"], "worker": ["--loglevel", "WARNING"]}
+        quiet = {"api": ["--no-access-log", "--log-level", "warning"], "worker": ["--loglevel", "WARNING", "--quiet"]}
         args = [] if self.verbose else quiet.get(name, [])
         self.procs[name] = subprocess.Popen([sys.executable, "-m", "cli.main", name, *args], env=env)
         return self.procs[name]

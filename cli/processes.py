@@ -63,7 +63,10 @@ def url() -> None:
     "--scheduler/--no-scheduler", default=True, help="run the scheduler (and the sweep controller) inside the api"
 )
 @click.option("--access-log/--no-access-log", default=True, help="log every request")
-def api(host: str | None, port: int | None, scheduler: bool, access_log: bool) -> None:
+@click.option(
+    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", help="uvicorn's log level"
+)
+def api(host: str | None, port: int | None, scheduler: bool, access_log: bool, log_level: str) -> None:
     """Serve the REST api, the live stream and the front end."""
     _platform_process()
     import uvicorn
@@ -82,7 +85,7 @@ def api(host: str | None, port: int | None, scheduler: bool, access_log: bool) -
             create_app(),
             host=host or settings.host,
             port=port or settings.port,
-            log_level="info",
+            log_level=log_level,
             access_log=access_log,
             timeout_graceful_shutdown=5,  # live streams of running runs would hold shutdown forever
         )
@@ -124,7 +127,8 @@ def ingest() -> None:
     default="INFO",
     help="the worker's log level",
 )
-def worker(concurrency: int | None, loglevel: str) -> None:
+@click.option("--quiet", is_flag=True, help="without Celery's start-up banner")
+def worker(concurrency: int | None, loglevel: str, quiet: bool) -> None:
     """Run this node's Celery worker: heartbeats its capacity, launches runs placed on it."""
     _platform_process()
     settings = get_settings()
@@ -134,6 +138,7 @@ def worker(concurrency: int | None, loglevel: str) -> None:
     from workers.celery_app import app
 
     app.worker_main([
+        *(["--quiet"] if quiet else []),  # a global option of `celery`: before the sub-command
         "worker", "--queues", node_queue(settings.node_id), "--hostname", f"{settings.node_id}@%h",
         "--concurrency", str(concurrency or settings.node_slots), "--pool", "prefork",
         "--loglevel", loglevel, "--without-gossip", "--without-mingle",

@@ -33,10 +33,13 @@ def show(api: Api, sweep_id: int) -> dict[str, Any]:
     if sweep["best_trial"] is not None:
         metric = sweep["spec"]["objective"]["metric"]
         click.echo(f"best: trial {sweep['best_trial']}, {metric} {_num(sweep['best_value'])}")
-    click.echo(f"{'#':>4}  {'state':<9} {'value':>10} {'step':>6} {'run':>6}  params")
+    click.echo(TRIAL_HEADER)
     for trial in sweep["trials"]:
         click.echo(trial_line(trial))
     return sweep
+
+
+TRIAL_HEADER = f"{'#':>4}  {'state':<9} {'value':>10} {'step':>6} {'run':>6}  params"  # over trial_line's columns
 
 
 def trial_line(trial: dict[str, Any]) -> str:
@@ -49,13 +52,17 @@ def trial_line(trial: dict[str, Any]) -> str:
     return line
 
 
-def follow_sweep(api: Api, sweep_id: int) -> int:
-    """Prints each trial as it starts and as it ends, until the sweep ends; 0 if it succeeded."""
+def follow_sweep(api: Api, sweep_id: int, header: bool = True) -> int:
+    """Prints each trial as it starts and as it ends (under the columns' header, unless ``show``
+    just printed it), until the sweep ends; 0 if it succeeded."""
     said: dict[int, str] = {}
     while True:
         sweep = api.call("GET", f"/api/v1/sweeps/{sweep_id}")
         for trial in sweep["trials"]:
             if said.get(trial["number"]) != trial["state"]:
+                if header:
+                    click.echo(TRIAL_HEADER)
+                    header = False
                 said[trial["number"]] = trial["state"]
                 click.echo(trial_line(trial))
         if sweep["status"] in ENDED and all(t["state"] != "running" for t in sweep["trials"]):
@@ -104,7 +111,7 @@ def sweep_show(sweep_id: int, follow: bool, api_url: str | None, token: str | No
     api = Api(api_url, token)
     show(api, sweep_id)
     if follow:
-        sys.exit(follow_sweep(api, sweep_id))
+        sys.exit(follow_sweep(api, sweep_id, header=False))
 
 
 @sweep.command("cancel")

@@ -30,7 +30,7 @@ def test_up_serves_the_cli_and_ctrl_c_stops_every_process_it_started(tmp_path: P
         [sys.executable, "-m", "cli.main", "up"],
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,  # all a user sees in their terminal
         text=True,
     )
     try:
@@ -82,6 +82,17 @@ def test_up_serves_the_cli_and_ctrl_c_stops_every_process_it_started(tmp_path: P
         said = up.stdout.read()  # type: ignore[union-attr]
         assert f"run {run_id} 'forever' at step" in said and "it starts again from step 1" in said, said
         assert "GET /api/v1" not in "".join(printed) + said, "quiet by default: no access log"
+        # ... and no banners: Celery's, uvicorn's start-up lines (the link is what is printed last)
+        banners = (
+            "celery@",
+            "[tasks]",
+            "transport:",
+            "Uvicorn running",
+            "Started server process",
+            "Application startup",
+        )
+        noise = [line for line in [*printed, *said.splitlines()] if any(b in line for b in banners)]
+        assert not noise and len(printed) <= 15, "".join(printed)
         _gone, alive = psutil.wait_procs(children, timeout=10)
         assert not alive, f"left running after Ctrl-C: {alive}"
         with pytest.raises(httpx.ConnectError):

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from cli.client import Api
 from cli.main import main as cli
+from cli.sweeps import TRIAL_HEADER, follow_sweep, trial_line
 from cli.wait import wait_for
 from testkit.browser import browser_marks, shot
 from testkit.chaos import Chaos
@@ -252,7 +254,9 @@ def test_asha_stops_a_diverging_learning_rate_at_its_first_rung_and_cancels_its_
     assert sweep["status"] == "succeeded" and sweep["best_trial"] == 0, sweep
 
 
-def test_cancelling_a_sweep_cancels_its_runs_and_starts_no_more(stack: RunningStack, tmp_path: Path) -> None:
+def test_cancelling_a_sweep_cancels_its_runs_and_starts_no_more(
+    stack: RunningStack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(sweep_spec(steps=100_000, n_trials=6)))
     auth = ["--api-url", stack.url, "--token", stack.token]
@@ -275,6 +279,13 @@ def test_cancelling_a_sweep_cancels_its_runs_and_starts_no_more(stack: RunningSt
     assert {t["state"] for t in sweep["trials"]} == {"cancelled"}, sweep["trials"]
     again = stack.client.http.post(f"/api/v1/sweeps/{sweep_id}/cancel")
     assert again.status_code == 409, again.text
+    # Followed: the columns named once, over the rows (`show` names them, then follows; `create
+    # --follow` follows at once); the exit code says the sweep did not succeed.
+    shown = CliRunner().invoke(cli, ["sweep", "show", str(sweep_id), "--follow", *auth])
+    assert shown.exit_code == 1 and shown.output.count(TRIAL_HEADER) == 1, shown.output
+    capsys.readouterr()
+    assert follow_sweep(Api(stack.url, stack.token), sweep_id) == 1
+    assert capsys.readouterr().out.splitlines() == [TRIAL_HEADER, *(trial_line(t) for t in sweep["trials"])]
 
 
 def browser_test(test: Any) -> Any:
