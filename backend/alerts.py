@@ -38,6 +38,7 @@ from torchyard.settings import Settings
 class AlertKind(StrEnum):
     THROUGHPUT = "throughput"
     COMM_FRACTION = "comm_fraction"
+    STALL = "stall"  # no step for a while, by default (backend/watchdog.py): not from points
 
 
 WATCHED = {
@@ -99,9 +100,9 @@ class Alerts:
             b.last_step = step
             change = self._observe(b, kind, step, value, ts)
             if change is True:
-                self._raise(session, run_id, kind, b.since, self._text(kind, key, b.value, value, b.since))
+                raise_alert(session, run_id, kind, b.since, self._text(kind, key, b.value, value, b.since))
             elif change is False:
-                session.execute(delete(RunAlert).where(RunAlert.run_id == run_id, RunAlert.kind == kind))
+                end_alert(session, run_id, kind)
 
     def forget(self, session: Session, run_ids: set[int]) -> None:
         """The runs ended and their streams retired: their baselines and alerts go."""
@@ -131,14 +132,6 @@ class Alerts:
         b.value += (value - b.value) * max(self.alpha, 1 / b.n)  # the mean of the first points, then an EWMA
         return None
 
-    def _raise(self, session: Session, run_id: int, kind: AlertKind, step: int, text: str) -> None:
-        run = session.get(Run, run_id)
-        if run is None or run.status != lifecycle.RUNNING:  # its last points came after it ended
-            return
-        row = {"run_id": run_id, "kind": str(kind), "step": step, "raised_at": utcnow()}
-        if bulk.insert(session, cast(Table, RunAlert.__table__), [row], returning=("run_id",)):
-            lifecycle.record_alert(session, run, kind, text)  # else another ingest raised it already
-
     def _text(self, kind: AlertKind, key: str, baseline: float, value: float, step: int) -> str:
         if kind == AlertKind.THROUGHPUT:
             return (
@@ -149,6 +142,28 @@ class Alerts:
             f"waiting for communication: comm fraction {value:.0%} of the step from step {step}, its moving "
             f"baseline {baseline:.0%} (rank 0; alert at a rise of {self.rise * 100:.0f} points)"
         )
+
+
+def raise_alert(session: Session, run_id: int, kind: AlertKind, step: int, text: str) -> bool:
+    """The alert starts on a running run: its row (one per run and kind) and an event in its
+    history. False where it already held (another ingest raised it) or the run is no longer running."""
+    run = session.get(Run, run_id)
+    if run is None or run.status != lifecycle.RUNNING:  # its last points came after it ended
+        return False
+    row = {"run_id": run_id, "kind": str(kind), "step": step, "raised_at": utcnow()}
+    if not bulk.insert(session, cast(Table, RunAlert.__table__), [row], returning=("run_id",)):
+        return False
+    lifecycle.record_alert(session, run, kind, text)
+    return True
+
+
+def end_alert(session: Session, run_id: int, kind: AlertKind) -> None:
+    """The alert ends, silently (the run is back to normal)."""
+    session.execute(delete(RunAlert).where(RunAlert.run_id == run_id, RunAlert.kind == kind))
+
+
+def holds(session: Session, run_id: int, kind: AlertKind) -> bool:
+    return session.get(RunAlert, (run_id, str(kind))) is not None
 
 
 def active(session: Session) -> list[tuple[int, str]]:

@@ -265,7 +265,7 @@ def schedule_once(client: redis.Redis, settings: Settings) -> list[Share]:
         lost = nodes.sync_from_heartbeats(session, client)
         if lost:
             fail_runs_on_lost_nodes(session, lost, settings.node_timeout_s)
-        watchdog.stop_stalled_and_overdue(session)
+        watchdog.stop_stalled_and_overdue(session, settings)
         attempts.reconcile(session, client, settings)
         shares = place_queued_runs(session)
         lost_messages = unclaimed_shares(session, client, REDISPATCH_AFTER_S)

@@ -21,6 +21,19 @@ ON_BAD_SHARD = click.option(
     help="with --dataset: a missing or corrupt shard fails the run naming it (the default), or is skipped and counted",
 )
 
+STALL_TIMEOUT = click.option(
+    "--stall-timeout",
+    "stall_timeout_s",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="seconds without a step before the run is restarted from its last checkpoint, or failed when out of "
+    "attempts (training.stall_timeout_s); unset: a stall is only flagged, with its diagnosis",
+)
+
+
+def _stall(stall_timeout_s: float | None) -> dict[str, float]:
+    return {} if stall_timeout_s is None else {"stall_timeout_s": stall_timeout_s}
+
 
 @click.command()
 @click.argument("spec_file", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -43,6 +56,7 @@ ON_BAD_SHARD = click.option(
     multiple=True,
     help="training option KEY=VALUE (repeatable): checkpoint_every, max_restarts, stall_timeout_s, ...",
 )
+@STALL_TIMEOUT
 @click.option("--dataset", default=None, help="train on this registered dataset (`torchyard dataset list`)")
 @ON_BAD_SHARD
 @click.option("--follow", is_flag=True, help="stream its logs until it ends")
@@ -63,6 +77,7 @@ def submit(
     lr: float,
     seed: int,
     training_opts: tuple[str, ...],
+    stall_timeout_s: float | None,
     dataset: str | None,
     on_bad_shard: str | None,
     follow: bool,
@@ -83,7 +98,7 @@ def submit(
             "resources": {"nodes": nodes, "procs_per_node": procs, "device": device, "priority": priority},
             "training": {
                 "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
-                **dict(_parse_param(p) for p in training_opts),
+                **_stall(stall_timeout_s), **dict(_parse_param(p) for p in training_opts),
             },
             **_data(dataset, on_bad_shard),
         }  # fmt: skip
@@ -134,6 +149,7 @@ def _parse_param(text: str) -> tuple[str, Any]:
 )
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--steps", type=int, default=100, show_default=True, help="steps you expect (progress display only)")
+@STALL_TIMEOUT
 @click.option("--dataset", default=None, help="the registered dataset `torchyard.data.loader()` reads in the script")
 @ON_BAD_SHARD
 @click.option("--follow", is_flag=True, help="stream its logs until it ends")
@@ -147,6 +163,7 @@ def submit_script(
     procs: int,
     device: str,
     steps: int,
+    stall_timeout_s: float | None,
     dataset: str | None,
     on_bad_shard: str | None,
     follow: bool,
@@ -163,7 +180,7 @@ def submit_script(
         **({"name": name} if name else {}),
         "workload": {"kind": "script", "bundle": bundle["id"], "entry": entry, "args": list(script_args)},
         "resources": {"nodes": nodes, "procs_per_node": procs, "device": device},
-        "training": {"steps": steps},
+        "training": {"steps": steps, **_stall(stall_timeout_s)},
         **_data(dataset, on_bad_shard),
     }
     start(client, spec, follow)

@@ -7,9 +7,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import pytest
+from click.testing import CliRunner
 
+from cli.main import main as cli
 from testkit.stack import api_only_stack
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(90)]
@@ -50,3 +54,23 @@ def test_submit_follow_with_no_worker_says_at_once_why_the_run_waits(api: tuple[
         proc.wait(10)
     print(f"the reason came {said_after:.1f} s after the command started")
     assert said_after < 10, "at once: the CLI's start-up and one request, not the scheduler's next word"
+
+
+def test_the_stall_timeout_is_an_option_of_both_submits(api: tuple[str, str], tmp_path: Path) -> None:
+    url, token = api
+    auth = ["--api-url", url, "--token", token]
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    script = CliRunner().invoke(
+        cli, ["submit-script", str(tmp_path), "--entry", "train.py", "--stall-timeout", "45", *auth]
+    )
+    builtin = CliRunner().invoke(cli, ["submit", "--steps", "5", "--stall-timeout", "0", *auth])
+    unset = CliRunner().invoke(cli, ["submit", "--steps", "5", *auth])
+    negative = CliRunner().invoke(cli, ["submit", "--stall-timeout", "-1", *auth])
+    assert negative.exit_code == 2 and "--stall-timeout" in negative.output, negative.output
+    http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"})
+    found = []
+    for made in (script, builtin, unset):
+        assert made.exit_code == 0, made.output
+        run_id = int(made.output.split("run ")[1].split()[0])
+        found.append(http.get(f"/api/v1/runs/{run_id}").json()["spec"]["training"]["stall_timeout_s"])
+    assert found == [45, 0, 0]  # unset: the spec's default, 0 (flagged by default detection, never stopped)

@@ -15,13 +15,15 @@ import redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend import diagnoses, lifecycle, livefeed, watchdog
-from backend.models import Diagnosis, Run, utcnow
+from backend import alerts, diagnoses, lifecycle, livefeed, watchdog
+from backend.models import Diagnosis, Run, RunEvent, utcnow
 from cli.redis_server import RedisServer
 from tests.test_attempts import placed_run, report
 from torchyard import hangdump, streams
+from torchyard.settings import Settings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "diagnosis"
+DEFAULTS = Settings()
 
 
 @pytest.fixture
@@ -101,14 +103,14 @@ def stall(session: Session, run: Run, seconds: float) -> None:
 def test_the_watchdog_asks_the_ranks_first_then_fails_the_stall_with_what_they_said(session: Session) -> None:
     run = running_run(session, stall_timeout_s=4, max_attempts=1)
     stall(session, run, 5)
-    watchdog.stop_stalled_and_overdue(session)
+    watchdog.stop_stalled_and_overdue(session, DEFAULTS)
     asked = diagnoses.newest(session, run.id, "stall", 1)
     assert asked is not None and run.status == lifecycle.RUNNING  # the ranks have STALL_WAIT_S to answer
-    watchdog.stop_stalled_and_overdue(session)
+    watchdog.stop_stalled_and_overdue(session, DEFAULTS)
     assert diagnoses.newest(session, run.id) is asked and run.status == lifecycle.RUNNING
 
     answer(session, run, asked, "data_loading_2")
-    watchdog.stop_stalled_and_overdue(session)
+    watchdog.stop_stalled_and_overdue(session, DEFAULTS)
     assert run.status == lifecycle.FAILED
     assert run.status_reason.startswith("stalled: no step for 4 s (training.stall_timeout_s; last step 3); diagnosis: ")
     assert "rank 1 never entered all_reduce #" in run.status_reason and "no attempts left" in run.status_reason
@@ -117,14 +119,50 @@ def test_the_watchdog_asks_the_ranks_first_then_fails_the_stall_with_what_they_s
 def test_a_stall_whose_ranks_never_answer_still_ends_after_the_wait(session: Session) -> None:
     run = running_run(session, stall_timeout_s=4, max_attempts=2)
     stall(session, run, 5)
-    watchdog.stop_stalled_and_overdue(session)
+    watchdog.stop_stalled_and_overdue(session, DEFAULTS)
     asked = diagnoses.newest(session, run.id, "stall", 1)
     assert asked is not None
     later = timedelta(seconds=hangdump.STALL_WAIT_S + 1)  # time passes, without a step or an answer
     asked.requested_at, run.last_step_at = asked.requested_at - later, run.last_step_at - later  # type: ignore[operator]
-    watchdog.stop_stalled_and_overdue(session)
+    watchdog.stop_stalled_and_overdue(session, DEFAULTS)
     assert run.status == lifecycle.RESTARTING
     assert "diagnosis: ranks 0, 1 did not answer: no dump came" in run.status_reason
+
+
+def test_a_run_without_a_stall_timeout_is_flagged_with_its_diagnosis_and_keeps_running(session: Session) -> None:
+    """The default detection: 3 steps in the attempt's first 60 s (a mean step of 20 s), factor 2,
+    floor 30 s: flagged after 40 s without a step, not after 35."""
+    settings = Settings(stall_alert_factor=2, stall_alert_floor_s=30)
+    run = running_run(session)
+    run.attempts[0].first_step = 1
+    stall(session, run, 35)
+    run.attempts[0].started_at = run.last_step_at - timedelta(seconds=60)  # type: ignore[operator]
+    watchdog.stop_stalled_and_overdue(session, settings)
+    assert diagnoses.newest(session, run.id, "stall", 1) is None  # 35 s < 2 × 20 s
+    run.last_step_at -= timedelta(seconds=10)  # type: ignore[operator]
+    run.attempts[0].started_at -= timedelta(seconds=10)  # type: ignore[operator]  # the same run, 10 s later
+    watchdog.stop_stalled_and_overdue(session, settings)
+    asked = diagnoses.newest(session, run.id, "stall", 1)
+    assert asked is not None and not alerts.holds(session, run.id, alerts.AlertKind.STALL)  # the ranks first
+    answer(session, run, asked, "data_loading_2")
+    watchdog.stop_stalled_and_overdue(session, settings)
+    watchdog.stop_stalled_and_overdue(session, settings)  # once: an alert holds, no second event
+    assert run.status == lifecycle.RUNNING and alerts.holds(session, run.id, alerts.AlertKind.STALL)
+    (event,) = session.scalars(select(RunEvent).where(RunEvent.run_id == run.id, RunEvent.alert == "stall"))
+    assert event.reason.startswith("stalled: no step for 45 s after step 3 (default detection: 40 s"), event.reason
+    assert "rank 1 never entered all_reduce #" in event.reason and "training.stall_timeout_s" in event.reason
+
+    run.last_step, run.last_step_at = 4, utcnow()  # a step came: the alert ends, silently
+    watchdog.stop_stalled_and_overdue(session, settings)
+    assert not alerts.holds(session, run.id, alerts.AlertKind.STALL) and run.status == lifecycle.RUNNING
+    assert session.scalar(select(func.count(RunEvent.id)).where(RunEvent.alert == "stall")) == 1
+
+
+def test_default_stall_detection_is_off_with_a_floor_of_zero(session: Session) -> None:
+    run = running_run(session)
+    stall(session, run, 10_000)
+    watchdog.stop_stalled_and_overdue(session, Settings(stall_alert_floor_s=0))
+    assert diagnoses.newest(session, run.id) is None and run.status == lifecycle.RUNNING
 
 
 def test_live_viewers_hear_that_a_node_answered_without_its_dumps() -> None:

@@ -74,3 +74,18 @@ def test_charlm_runs_and_logs_finite_loss(server: RedisServer) -> None:
     for _rank, _step, values in pts:
         assert math.isfinite(values["loss"]) and 0 < values["loss"] < 10
         assert values["tokens_per_s"] == pytest.approx(values["samples_per_s"] * 32)
+
+
+@pytest.mark.timeout(90)
+def test_a_one_rank_run_logs_no_comm_figures(server: RedisServer) -> None:
+    """DDP on a group of one still "all-reduces" (a copy): nothing crosses a wire, so nothing of
+    communication is reported, and the step's time is all compute and data."""
+    one = spec(MLP, 5)
+    one["resources"]["procs_per_node"] = 1
+    run_id, proc = torchrun(server, one)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pts = points(server, run_id)
+    assert {(rank, step) for rank, step, _ in pts} == {(0, s) for s in range(1, 6)}
+    memory = {"max_rss_bytes", "param_bytes", "optimizer_state_bytes"}
+    for _rank, _step, values in pts:
+        assert set(values) == BASE_KEYS | memory, set(values) ^ (BASE_KEYS | memory)

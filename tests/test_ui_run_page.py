@@ -108,6 +108,17 @@ def test_charts_sit_in_sections_each_folded_or_open_as_its_user_left_it(
     top, middle, bottom = stacked["ys"]
     assert all(t >= m >= b >= 0 for t, m, b in zip(top, middle, bottom, strict=True) if t is not None and b is not None)
     shot(page, "run-page-sections")
+    # Every y label fits its axis (a fixed width once cut "512.7 KiB" to "12.7 KiB"): measured in the
+    # page, in the axis's font, against the width the plot leaves it (less uPlot's 10 px tick and 5 px gap).
+    for chart in ("chart-key_comm_bytes", "chart-key_max_rss_bytes", "chart-loss"):
+        page.wait_for_function(f"() => window.__torchyard.chart('{chart}')?.yTicks.length > 1")
+        drawn = read_chart(page, chart)
+        widths = page.evaluate(
+            "([labels, font]) => { const c = document.createElement('canvas').getContext('2d'); c.font = font;"
+            " return labels.map((t) => c.measureText(t).width); }",
+            [drawn["yTicks"], drawn["yFont"]],
+        )
+        assert max(widths) + 15 <= drawn["yAxisPx"] + 0.5, (chart, drawn["yTicks"], widths, drawn["yAxisPx"])
 
     page.get_by_test_id("toggle-communication").click()
     expect(page.get_by_test_id("section-communication").get_by_test_id("chart-comm")).to_have_count(0)

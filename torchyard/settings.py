@@ -223,6 +223,17 @@ class Settings(BaseSettings):
         description="seconds (of the points' own times) that the alert_after_steps steps past a threshold must span "
         "before an alert is raised or ends: a moment's load on a run of short steps is no slowdown",
     )
+    stall_alert_floor_s: float = Field(
+        30.0,
+        ge=0,
+        le=86_400,
+        description="a run without training.stall_timeout_s is flagged as stalled (an alert with the ranks' "
+        "diagnosis; it keeps running) after no step for stall_alert_factor x its mean step time, and never "
+        "sooner than this (0: no default stall detection)",
+    )
+    stall_alert_factor: float = Field(
+        10.0, ge=1, le=10_000, description="see stall_alert_floor_s: how many mean step times without a step"
+    )
     fr_buffer_entries: int = Field(
         200,
         ge=0,

@@ -92,7 +92,11 @@ class StepLog:
         comm: bool = True,
         efficiency: bool = True,
     ) -> None:
-        self.timer, self.log, self.comm, self.efficiency = timer, log, comm, efficiency
+        self.timer, self.log, self.efficiency = timer, log, efficiency
+        # One rank: its "collectives" (DDP still all-reduces, on a group of one) move nothing over
+        # any wire, so no comm figure is logged: 2 MB/step of comm bytes and a comm fraction above
+        # zero on a 1-rank run misled more than they told.
+        self.comm = comm and timer.world > 1
         self.telemetry = GpuTelemetry(timer.device)
         self.pending: dict[int, tuple[dict[str, float], dict[str, float], torch.Tensor | None]] = {}
 

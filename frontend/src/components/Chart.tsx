@@ -2,13 +2,25 @@
 import type { ComponentChildren } from "preact";
 import { useEffect, useRef } from "preact/hooks";
 import uPlot from "uplot";
-import { STEP_INCRS, TIME_INCRS, yRange } from "../lib/axes";
+import { STEP_INCRS, TIME_INCRS, yRange, ySize } from "../lib/axes";
 import "uplot/dist/uPlot.min.css";
 import { PALETTE, type SeriesDef } from "../lib/chartdata";
 import type { Num } from "../lib/data";
 import { exposeChart } from "../lib/debug";
 import { fmtAxis, formatter } from "../lib/format";
 import type { Format } from "../lib/runview";
+
+const Y_AXIS_FONT = "12px system-ui, sans-serif";
+let measuring: CanvasRenderingContext2D | null = null;
+
+/** A tick label's width in CSS px in the y axis's font, measured on a canvas of its own (uPlot
+ * caches the font it last set on its own canvas: changing that one under it would draw with ours). */
+function measureAxisText(text: string): number {
+  measuring ??= document.createElement("canvas").getContext("2d");
+  if (!measuring) return text.length * 7;
+  measuring.font = Y_AXIS_FONT;
+  return measuring.measureText(text).width;
+}
 
 export { PALETTE, type SeriesDef };
 
@@ -81,6 +93,7 @@ export function Chart({
     if (!el) return;
     const width = Math.max(200, el.clientWidth);
     let xTicks: string[] = []; // what the x axis last drew (read by the browser tests)
+    let yTicks: string[] = []; // what the y axis last drew
     const fmt = formatter(format);
     const opts: uPlot.Options = {
       width,
@@ -111,8 +124,9 @@ export function Chart({
           stroke: "#64748b",
           grid: { stroke: "#eef2f7" },
           ticks: { stroke: "#e2e8f0" },
-          size: 64,
-          values: (_u, vals) => vals.map((v) => (v === null ? "" : fmt.axis(v))),
+          font: Y_AXIS_FONT,
+          size: (_u, labels) => ySize(labels, measureAxisText),
+          values: (_u, vals) => (yTicks = vals.map((v) => (v === null ? "" : fmt.axis(v)))),
         },
       ],
       series: [
@@ -176,6 +190,9 @@ export function Chart({
         max: plot.scales.x?.max ?? null,
         mode: time ? "time" : "step",
         ticks: xTicks.slice(),
+        yTicks: yTicks.slice(),
+        yAxisPx: plot.bbox.left / uPlot.pxRatio, // the y axis's width: the plot starts where it ends
+        yFont: Y_AXIS_FONT,
         marks: marksRef.current.map((m) => m.x),
         series: (plot.series as { label?: string }[]).slice(1).map((x) => x.label ?? ""),
         ys: plot.data.slice(1).map((col) => Array.from(col ?? [])),

@@ -74,7 +74,7 @@ export function RankTable({ ranks, keys, stored }: { ranks: RankRow[]; keys: str
 }
 
 // An alert (backend/alerts.py) is an event in the history, the run's state unchanged.
-const ALERT_LABEL: Record<string, string> = { throughput: "slower", comm_fraction: "comm wait" };
+const ALERT_LABEL: Record<string, string> = { throughput: "slower", comm_fraction: "comm wait", stall: "stalled" };
 
 export function StateHistory({ events }: { events: RunEvent[] }) {
   return (

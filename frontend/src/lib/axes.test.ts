@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { STEP_INCRS, TIME_INCRS, yRange } from "./axes";
+import { STEP_INCRS, TIME_INCRS, yRange, ySize } from "./axes";
 
 describe("chart axes", () => {
   it("steps tick in whole numbers", () => {
@@ -40,5 +40,12 @@ describe("chart axes", () => {
     expect(lo).toBe(0);
     expect(hi).toBeGreaterThan(5);
     expect(yRange(null, 10, 20)[0]).toBeCloseTo(9.5);
+  });
+  it("the y axis is as wide as its widest label, so no leading digit is cut", () => {
+    const measure = (text: string) => text.length * 7; // 7 px a character
+    expect(ySize(["0 B", "256.0 KiB", "512.7 KiB"], measure)).toBe(9 * 7 + 15); // was a fixed 64 px: "12.7 KiB" showed
+    expect(ySize(["1", "2"], measure)).toBe(48); // narrow labels: the floor, charts stay aligned
+    expect(ySize(null, measure)).toBe(48);
+    expect(ySize(["", null, "1.5"], measure)).toBe(48);
   });
 });

@@ -26,3 +26,11 @@ export function yRange(_u: unknown, min: number | null, max: number | null): [nu
   const lo = min >= 0 && min - pad < 0 ? 0 : min - pad;
   return [lo, max + pad];
 }
+
+/** The y axis's width in px: room for its widest tick label (measured in the axis's font) plus the
+ * tick and the gap. A fixed width cut the leading digits of wide labels ("12.7 KiB" shown for
+ * 512.7 KiB); a narrow floor keeps short labels' charts aligned with each other. */
+export function ySize(labels: readonly (string | null)[] | null | undefined, measure: (text: string) => number, tickAndGap = 15): number {
+  const widest = Math.max(0, ...(labels ?? []).map((label) => (label ? measure(label) : 0)));
+  return Math.max(48, Math.ceil(widest + tickAndGap));
+}
