@@ -22,6 +22,13 @@ describe("the form from the run spec schema", () => {
       "must be true or false",
     );
   });
+  it("passes a run's spec as the server returns it (a clone), its unused sections null", () => {
+    // GET /api/v1/runs/{id}'s spec of a plain run: `data` (a dataset section) is null
+    const served = {"name": "test-run", "workload": {"kind": "builtin", "name": "mlp", "params": {"input_dim": 32, "hidden": 128, "layers": 3, "classes": 10, "samples": 8192}}, "strategy": {"kind": "ddp", "comm_hook": "allreduce", "powersgd_rank": 2, "powersgd_warmup": 10}, "resources": {"nodes": 1, "procs_per_node": 2, "device": "cpu", "priority": 0, "pool": null, "partition": null, "memory_limit_bytes": null}, "training": {"steps": 50, "batch_size": 64, "lr": 0.01, "seed": 0, "log_every": 1, "profile_every": 0, "checkpoint_every": 0, "checkpoint_final": true, "max_attempts": 3, "max_restarts": 0, "stall_timeout_s": 0.0, "max_duration_s": 0.0, "checkpoint_on_cancel": false, "cancel_grace_s": null}, "data": null} as unknown as Obj;
+    expect(served.data).toBeNull();
+    expect(validate(RUN_SPEC, { ...served, name: "test-run (clone)" })).toEqual({});
+    expect(validate(RUN_SPEC, { ...served, data: {} })["data.dataset"]).toBe("required"); // a section given is checked
+  });
   it("maps the server's 422 locations onto form fields", () => {
     const known = ["name", "workload.params.hidden", "training.batch_size", "resources.device"];
     expect(fieldForError(["body", "workload", "mlp", "params", "hidden"], "too big", known, spec)).toBe("workload.params.hidden");

@@ -122,6 +122,9 @@ export function validate(s: JsonSchema, value: Json, path = "", out: Record<stri
     if (u) out[`${path}.${u.tag}`] = "choose one";
     return out;
   }
+  // An optional section left out (the server's own specs say `"data": null`) has nothing to check
+  // inside: checked first, or a cloned run's null section failed on its required fields, unshown.
+  if (canBeNull && (value === null || value === "")) return out;
   if (r.properties) {
     for (const [k, p] of Object.entries(r.properties)) {
       const v = obj[k];
@@ -130,7 +133,6 @@ export function validate(s: JsonSchema, value: Json, path = "", out: Record<stri
     }
     return out;
   }
-  if (canBeNull && (value === null || value === "")) return out;
   if (r.type === "object" && typeof value === "string") {
     out[path] = "must be a JSON object";
     return out;

@@ -247,7 +247,13 @@ export function NewRun({ route }: { route: Route }) {
     e.preventDefault();
     setTouched(true);
     setFormError(null);
-    if (Object.keys(browserErrors).length) return;
+    if (Object.keys(browserErrors).length) {
+      // Marked fields say what is wrong; an error on a field the form does not show must be said
+      // here, or Submit would do nothing, silently.
+      const unshown = Object.entries(browserErrors).filter(([field]) => !leaves.includes(field));
+      if (unshown.length) setFormError(unshown.map(([field, msg]) => `${field}: ${msg}`).join("; "));
+      return;
+    }
     setBusy(true);
     try {
       const run = ok(await api.POST("/api/v1/runs", { body: submitted(spec) as unknown as RunSpecIn }));
