@@ -1,4 +1,4 @@
-// The run page's tables: each rank's latest figures (the slowest marked) and the state history
+// The run page's tables: each rank's latest figures (the stragglers marked) and the state history
 // (with the live alerts).
 import type { IngestedEvent, RunEvent } from "../api/client";
 import { fmtClock, fmtDuration, fmtSI } from "../lib/format";
@@ -11,12 +11,21 @@ export interface RankRow {
 }
 
 /** One row per rank; the comm column shows exposed comm where the run reports it. ``stored``: ingest's
- * latest word while the run is live (how far behind storage is; points a rank's SDK dropped). */
-export function RankTable({ ranks, keys, stored }: { ranks: RankRow[]; keys: string[]; stored?: IngestedEvent | null }) {
-  const slowest = ranks.reduce<RankRow | null>(
-    (m, r) => ((r.values.step_time_s ?? -1) > (m?.values.step_time_s ?? -1) ? r : m),
-    null,
-  );
+ * latest word while the run is live (how far behind storage is; points a rank's SDK dropped).
+ * ``stragglers``: the ranks the Stragglers card names (its attribution, the one judgement of who
+ * keeps the others waiting): marked here too, never a rank of its own choosing (in a synchronous
+ * run every rank's step takes as long as the slowest's, so the largest step time is noise). */
+export function RankTable({
+  ranks,
+  keys,
+  stored,
+  stragglers = [],
+}: {
+  ranks: RankRow[];
+  keys: string[];
+  stored?: IngestedEvent | null;
+  stragglers?: number[];
+}) {
   const commKey = keys.includes("exposed_comm_s") ? "exposed_comm_s" : keys.includes("comm_time_s") ? "comm_time_s" : null;
   const dropped = stored?.sdk_dropped ?? {};
   const anyDropped = Object.values(dropped).some((n) => n > 0);
@@ -50,10 +59,14 @@ export function RankTable({ ranks, keys, stored }: { ranks: RankRow[]; keys: str
           </thead>
           <tbody>
             {ranks.map((r) => (
-              <tr class={ranks.length > 1 && r === slowest ? "slowest" : ""} title={r === slowest ? "slowest rank" : ""}>
+              <tr
+                class={stragglers.includes(r.rank) ? "slowest" : ""}
+                title={stragglers.includes(r.rank) ? "a straggler: the others wait for it (see Stragglers)" : ""}
+                data-rank={r.rank}
+              >
                 <td>
                   {r.rank}
-                  {ranks.length > 1 && r === slowest && <span class="tag">slowest</span>}
+                  {stragglers.includes(r.rank) && <span class="tag">straggler</span>}
                 </td>
                 <td class="num">{r.step.toLocaleString("en-US")}</td>
                 <td class="num">{fmtDuration(r.values.step_time_s)}</td>

@@ -21,12 +21,25 @@ const PARTS: [string, string][] = [
 const MAX_HEIGHT_PX = 320;
 const ms = (s: number | null | undefined) => (s === null || s === undefined ? "—" : `${(s * 1e3).toFixed(1)} ms`);
 
-export function Stragglers({ id, active, status }: { id: number; active: boolean; status: string }) {
+/** ``onNamed``: the ranks the attribution names, each time it is read (the Ranks table marks them). */
+export function Stragglers({
+  id,
+  active,
+  status,
+  onNamed,
+}: {
+  id: number;
+  active: boolean;
+  status: string;
+  onNamed?: (ranks: number[]) => void;
+}) {
   const { data, error } = usePoll(
     async () => ok(await api.GET("/api/v1/runs/{run_id}/stragglers", { params: { path: { run_id: id } } })),
     [id, status],
     active ? POLL_MS : undefined,
   );
+  const named = data ? data.stragglers.map((s) => s.rank).join(",") : "";
+  useEffect(() => onNamed?.(named ? named.split(",").map(Number) : []), [named, onNamed]);
   return (
     <div class="card" data-testid="stragglers">
       <div class="card-head">

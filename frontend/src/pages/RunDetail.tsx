@@ -59,6 +59,7 @@ export function RunDetail({ id }: { id: number }) {
   const [error, setError] = useState<unknown>(undefined);
   const [events, setEvents] = useState<RunEvent[]>([]);
   const [keys, setKeys] = useState<string[] | null>(null);
+  const [stragglers, setStragglers] = useState<number[]>([]); // named by the Stragglers card, marked in the Ranks table
   const [ranks, setRanks] = useState<RankRow[]>([]);
   const [stored, setStored] = useState<IngestedEvent | null>(null);
   const [rankIds, setRankIds] = useState<number[]>([]);
@@ -401,11 +402,11 @@ export function RunDetail({ id }: { id: number }) {
       )}
 
       <div class="two">
-        <RankTable ranks={ranks} keys={keys ?? []} stored={active ? stored : null} />
+        <RankTable ranks={ranks} keys={keys ?? []} stored={active ? stored : null} stragglers={stragglers} />
         <StateHistory events={events} />
       </div>
 
-      {shape.world > 1 ? <Stragglers id={id} active={active} status={run.status} /> : null}
+      {shape.world > 1 ? <Stragglers id={id} active={active} status={run.status} onNamed={setStragglers} /> : null}
       {shape.world > 1 && !active ? <Scaling id={id} status={run.status} /> : null}
       <Diagnosis id={id} status={run.status} />
       <Checkpoints id={id} active={active} status={run.status} />
