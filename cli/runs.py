@@ -213,8 +213,7 @@ def runs(status: str | None, name: str | None, limit: int, api_url: str | None, 
     page = Api(api_url, token).call("GET", "/api/v1/runs", params=params)
     click.echo(f"{'ID':>5}  {'STATUS':<11} {'STEP':>9}  NAME")
     for run in page["items"]:
-        total = run["spec"]["training"]["steps"]
-        click.echo(f"{run['id']:>5}  {run['status']:<11} {run['last_step']:>4}/{total:<4}  {run['name']}")
+        click.echo(f"{run['id']:>5}  {run['status']:<11} {step_of(run):>9}  {run['name']}")
     click.echo(f"({len(page['items'])} of {page['total']})")
 
 
@@ -332,3 +331,12 @@ def checkpoints(run_id: int, step: int | None, output: Path | None, api_url: str
     download(
         client, f"/api/v1/runs/{run_id}/checkpoints/{step}/download", output or Path(f"run-{run_id}-step-{step}.tar")
     )
+
+
+def step_of(run: dict[str, Any]) -> str:
+    """ "step/steps"; a script's steps are only what its user expected (it stops when it will): a
+    script past them shows its step alone, never "421/100"."""
+    step, total = run["last_step"], run["spec"]["training"]["steps"]
+    if run["spec"]["workload"]["kind"] == "script" and step > total:
+        return str(step)
+    return f"{step}/{total}"
