@@ -134,8 +134,16 @@ def worker(concurrency: int | None, loglevel: str, quiet: bool) -> None:
     settings = get_settings()
     if not settings.redis_url:
         raise click.UsageError("TORCHYARD_REDIS_URL must point at the cluster's Redis")
+    import warnings
+
+    from celery.exceptions import SecurityWarning
+
     from torchyard.tasks import node_queue
     from workers.celery_app import app
+
+    # Root on purpose: a root worker walls its runs off (ranks as the run user, in namespaces of
+    # their own: workers/isolation.py) and says so at start; Celery's 8-line warning would say the opposite.
+    warnings.filterwarnings("ignore", category=SecurityWarning)
 
     app.worker_main([
         *(["--quiet"] if quiet else []),  # a global option of `celery`: before the sub-command
