@@ -48,15 +48,9 @@ def stop_stalled_and_overdue(session: Session, settings: Settings) -> None:
         if not stall_s:
             flag_stalled(session, run, attempt, settings, now, stepped)
         elif stepped and (now - run.last_step_at).total_seconds() > stall_s:  # type: ignore[operator]
-            # First the ranks say where they are stuck; the attempt ends once they did, or once
-            # hangdump.STALL_WAIT_S has passed without them.
-            asked = diagnoses.newest(session, run.id, "stall", attempt.number)
-            if asked is None or asked.requested_at < run.last_step_at:  # type: ignore[operator]
-                diagnoses.request(session, run, attempt, "stall")
+            found = stall_diagnosis(session, run, attempt, now)
+            if found is None:
                 continue
-            if diagnoses.status(asked, now) == diagnoses.PENDING:
-                continue
-            found = diagnoses.summary(asked)["headline"]
             attempts.end_attempt(session, attempt, lifecycle.FAILED)
             attempts.fail_or_restart(
                 session,
@@ -64,6 +58,19 @@ def stop_stalled_and_overdue(session: Session, settings: Settings) -> None:
                 f"stalled: no step for {stall_s:g} s (training.stall_timeout_s; last step {run.last_step}); "
                 f"diagnosis: {found}",
             )
+
+
+def stall_diagnosis(session: Session, run: Run, attempt: Attempt, now: datetime) -> str | None:
+    """What the ranks of a stalled attempt say, once they said it or hangdump.STALL_WAIT_S passed
+    without them (its headline); None while asked (the first call asks: a stall is acted on only
+    after the ranks were asked where they are stuck)."""
+    asked = diagnoses.newest(session, run.id, "stall", attempt.number)
+    if asked is None or asked.requested_at < run.last_step_at:  # type: ignore[operator]
+        diagnoses.request(session, run, attempt, "stall")
+        return None
+    if diagnoses.status(asked, now) == diagnoses.PENDING:
+        return None
+    return str(diagnoses.summary(asked)["headline"])
 
 
 def default_stall_s(run: Run, attempt: Attempt, settings: Settings) -> float:
@@ -86,15 +93,9 @@ def flag_stalled(
         if holding:
             alerts.end_alert(session, run.id, alerts.AlertKind.STALL)
         return
-    if holding:
+    found = None if holding else stall_diagnosis(session, run, attempt, now)
+    if found is None:
         return
-    asked = diagnoses.newest(session, run.id, "stall", attempt.number)
-    if asked is None or asked.requested_at < run.last_step_at:  # type: ignore[operator]
-        diagnoses.request(session, run, attempt, "stall")
-        return
-    if diagnoses.status(asked, now) == diagnoses.PENDING:
-        return
-    found = diagnoses.summary(asked)["headline"]
     alerts.raise_alert(
         session,
         run.id,
