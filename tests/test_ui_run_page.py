@@ -32,12 +32,14 @@ CRASH_LINES = 12_000  # more than the panel's first page and than the 10,000 lin
 CRASH_SCRIPT = f"""
 import sys, warnings
 warnings.showwarning = lambda m, c, f, n, file=None, line=None: print(warnings.formatwarning(m, c, f, n, line), end="")
+def framework_call():  # warns about its caller: Python prints the caller's line under the warning
+    warnings.warn("a framework's warning", stacklevel=2)
 for i in range({CRASH_LINES}):
     print(f"line {{i}}")
     if i % 1000 == 999:
         print("USDT:2026-12-04 00:00:00 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start")
     if i == {CRASH_LINES} - 100:
-        warnings.warn("a framework's warning")
+        framework_call()
 sys.stdout.flush()
 raise RuntimeError("boom after many lines")
 """
@@ -346,6 +348,7 @@ def test_the_log_panel_opens_on_the_traceback_pages_back_and_folds_noise(
     noise = page.get_by_test_id("log-noise-toggle")
     expect(noise).to_contain_text("hidden (profiler, warning)")
     expect(logs.locator("div", has_text="USDT:")).to_have_count(0)
+    expect(logs.locator("div", has_text="framework_call()")).to_have_count(0)  # the warning's own line folds with it
     shot(page, "run-page-logs-traceback")
 
     def first_numbered() -> int:
@@ -361,6 +364,7 @@ def test_the_log_panel_opens_on_the_traceback_pages_back_and_folds_noise(
     noise.click()
     expect(logs.locator("div.noise", has_text="USDT:").first).to_be_visible()
     expect(logs.locator("div.noise", has_text="UserWarning: a framework's warning")).to_have_count(1)
+    expect(logs.locator("div.noise", has_text="framework_call()")).to_have_count(1)
     shot(page, "run-page-logs-older")
 
 

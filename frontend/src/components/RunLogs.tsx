@@ -5,7 +5,7 @@ import type { ComponentChildren } from "preact";
 import { useEffect, useLayoutEffect, useRef, useState } from "preact/hooks";
 import { api, ok } from "../api/client";
 import { fmtTs } from "../lib/format";
-import { isRankTraceback, LogBuffer, noiseKind, TRACEBACK, tracebackLines, type Line } from "../lib/logs";
+import { isRankTraceback, LogBuffer, noiseKinds, TRACEBACK, tracebackLines, type Line } from "../lib/logs";
 import { loadPrefs, savePrefs } from "../lib/prefs";
 import { ErrorBox } from "./ui";
 
@@ -99,7 +99,7 @@ export function LogsCard({ runId, buffer, active, failed }: { runId: number; buf
   }, [runId, failed]);
   const lines = buffer.lines;
   const ofRank = logRank === "all" ? lines : lines.filter((l) => String(l.rank) === logRank);
-  const noise = ofRank.map((l) => noiseKind(l.text));
+  const noise = noiseKinds(ofRank);
   const hidden = noise.filter((k) => k !== null).length;
   const kinds = [...new Set(noise.filter((k): k is string => k !== null))];
   const shown = showNoise ? ofRank.map((l, i) => ({ l, noise: noise[i] !== null })) : ofRank.filter((_, i) => noise[i] === null).map((l) => ({ l, noise: false }));

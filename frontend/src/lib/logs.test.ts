@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { LogBuffer, noiseKind, tracebackLines, type Line } from "./logs";
+import { LogBuffer, noiseKind, noiseKinds, tracebackLines, type Line } from "./logs";
 
 const line = (id: number, ts: number, text = `line ${id}`, rank = 0): Line => ({ id, attempt: 1, rank, ts, text });
 
@@ -11,6 +11,20 @@ describe("noise", () => {
     expect(noiseKind("[W1204 19:12:15.123 1 ProcessGroupGloo.cpp:12] Warning: bar")).toBe("warning");
     for (const keep of ["Traceback (most recent call last):", '  File "train.py", line 3, in <module>', "RuntimeError: boom", "step 3/30 loss 2.08"])
       expect(noiseKind(keep)).toBeNull();
+  });
+});
+
+describe("a Python warning's source line", () => {
+  it("folds with its warning, whatever it reads, per rank", () => {
+    const lines = [
+      { rank: 0, text: "/x/torch/nn/modules/module.py:12: UserWarning: deprecated" },
+      { rank: 1, text: "step 3/30 loss 2.08" }, // another rank's line in between
+      { rank: 0, text: "  return self._call_impl(*args, **kwargs)" }, // was shown alone
+      { rank: 0, text: "  indented output of the user's own" }, // not after a warning: kept
+      { rank: 1, text: "Traceback (most recent call last):" },
+      { rank: 1, text: '  File "train.py", line 3, in <module>' }, // a traceback's line: kept
+    ];
+    expect(noiseKinds(lines)).toEqual(["warning", null, "warning", null, null, null]);
   });
 });
 

@@ -13,6 +13,22 @@ export function noiseKind(text: string): string | null {
   return null;
 }
 
+const PYTHON_WARNING = NOISE[1]![0];
+
+/** Each line's noise kind, as noiseKind, and a Python warning's second line with it: Python prints
+ * the source line of the call that warned under the warning, indented, and it reads as anything
+ * (`warnings.warn(`, or a line of torch's own code): left shown, it stood alone, its warning hidden.
+ * Lines are followed per rank (ranks' lines interleave). */
+export function noiseKinds(lines: readonly Pick<Line, "rank" | "text">[]): (string | null)[] {
+  const afterWarning = new Set<number>(); // ranks whose last line was a Python warning
+  return lines.map(({ rank, text }) => {
+    const continues = afterWarning.has(rank) && /^\s+\S/.test(text);
+    afterWarning.delete(rank);
+    if (PYTHON_WARNING.test(text)) afterWarning.add(rank);
+    return continues ? "warning" : noiseKind(text);
+  });
+}
+
 export interface Line {
   id: number; // the database's id; 0 for a line the live stream brought (not stored yet)
   attempt: number;
