@@ -24,15 +24,16 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
-import httpx
+if TYPE_CHECKING:
+    import httpx  # imported where a store is read: every rank imports this module, few read over HTTP
 
 OBJECTS = "objects.json"  # the view's listing (``torchyard/stores.py`` writes it)
 CONCURRENT = 16  # GETs in flight at once, per reading process
 GAP = 64 * 1024  # ranges closer than this come in one GET: the bytes between cost less than a request
 TRIES = 3
-TIMEOUT = httpx.Timeout(30, read=120)
+TIMEOUT_S, READ_TIMEOUT_S = 30, 120
 
 
 class StoreError(OSError):
@@ -116,8 +117,11 @@ class Objects:
 
     def _client(self) -> httpx.Client:
         if self._pid != os.getpid():  # a forked loader process: a client (and connections) of its own
+            import httpx
+
             limits = httpx.Limits(max_connections=CONCURRENT, max_keepalive_connections=CONCURRENT)
-            self._http, self._pid = httpx.Client(timeout=TIMEOUT, limits=limits), os.getpid()
+            timeout = httpx.Timeout(TIMEOUT_S, read=READ_TIMEOUT_S)
+            self._http, self._pid = httpx.Client(timeout=timeout, limits=limits), os.getpid()
             self._pool = ThreadPoolExecutor(CONCURRENT, thread_name_prefix="torchyard-get")
         assert self._http is not None
         return self._http
@@ -126,6 +130,8 @@ class Objects:
         """Bytes [start, end) of ``file`` (fewer where the object is shorter)."""
         if end <= start:
             return b""
+        import httpx
+
         url, headers = self.listing[file]["url"], {"Range": f"bytes={start}-{end - 1}"}
         for attempt in range(TRIES):
             try:
