@@ -132,23 +132,11 @@ def stack_settings() -> dict[str, Any]:
 TIERS = ("stack", "dist", "browser", "netns", "chaos", "slurm", "tools")
 
 
-# The order modules start in: the slowest tiers first, so that under pytest-xdist (scripts/test
-# runs two workers, each taking whole modules) no long module is left to run alone at the end.
-FIRST = ("slurm", "netns", "chaos", "browser", "stack", "dist")
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test of no other tier is ``unit``: in-process or a private Redis/PostgreSQL, seconds at most.
-    Modules are ordered by their slowest tier, each kept whole and in its own order."""
+    """A test of no other tier is ``unit``: in-process or a private Redis/PostgreSQL, seconds at most."""
     for item in items:
         if not any(item.get_closest_marker(tier) for tier in TIERS):
             item.add_marker(pytest.mark.unit)
-    rank: dict[str, int] = {}
-    for item in items:
-        tiers = [i for i, tier in enumerate(FIRST) if item.get_closest_marker(tier)]
-        rank[item.module.__name__] = min(rank.get(item.module.__name__, len(FIRST)), *tiers, len(FIRST))
-    position = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (rank[item.module.__name__], position[id(item)]))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -131,7 +131,8 @@ def test_metrics_reports_raised_and_held_alerts(session: Session, run: Run, redi
     client = redis.Redis.from_url(redis_server.url)
     series = {s.name: s for s in stats.collect(session, client)}
     client.close()
-    assert series["torchyard_run_alerts_total"].samples == [({"kind": "throughput"}, 1), ({"kind": "comm_fraction"}, 0)]
+    raised = [({"kind": "throughput"}, 1), ({"kind": "comm_fraction"}, 0), ({"kind": "stall"}, 0)]
+    assert series["torchyard_run_alerts_total"].samples == raised
     assert series["torchyard_run_alerts_total"].kind == "counter"
     assert series["torchyard_run_alert"].samples == [({"run": str(run.id), "kind": "throughput"}, 1)]
 
