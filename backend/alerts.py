@@ -162,8 +162,9 @@ def end_alert(session: Session, run_id: int, kind: AlertKind) -> None:
     session.execute(delete(RunAlert).where(RunAlert.run_id == run_id, RunAlert.kind == kind))
 
 
-def holds(session: Session, run_id: int, kind: AlertKind) -> bool:
-    return session.get(RunAlert, (run_id, str(kind))) is not None
+def holding(session: Session, kind: AlertKind) -> set[int]:
+    """The runs an alert of this kind holds on (one query, for a pass over every running run)."""
+    return set(session.scalars(select(RunAlert.run_id).where(RunAlert.kind == str(kind))))
 
 
 def active(session: Session) -> list[tuple[int, str]]:

@@ -28,6 +28,7 @@ def stop_stalled_and_overdue(session: Session, settings: Settings) -> None:
     running = session.scalars(
         select(Run).where(Run.status == lifecycle.RUNNING).options(selectinload(Run.attempts))
     ).all()
+    flagged = alerts.holding(session, alerts.AlertKind.STALL)
     for run in running:
         training = run.run_spec.training
         stall_s, max_s = training.stall_timeout_s, training.max_duration_s
@@ -46,7 +47,7 @@ def stop_stalled_and_overdue(session: Session, settings: Settings) -> None:
             run.last_step_at is not None and attempt.started_at is not None and run.last_step_at > attempt.started_at
         )
         if not stall_s:
-            flag_stalled(session, run, attempt, settings, now, stepped)
+            flag_stalled(session, run, attempt, settings, now, stepped, run.id in flagged)
         elif stepped and (now - run.last_step_at).total_seconds() > stall_s:  # type: ignore[operator]
             found = stall_diagnosis(session, run, attempt, now)
             if found is None:
@@ -82,11 +83,10 @@ def default_stall_s(run: Run, attempt: Attempt, settings: Settings) -> float:
 
 
 def flag_stalled(
-    session: Session, run: Run, attempt: Attempt, settings: Settings, now: datetime, stepped: bool
+    session: Session, run: Run, attempt: Attempt, settings: Settings, now: datetime, stepped: bool, holding: bool
 ) -> None:
     """The default stall detection (the module's docstring): diagnose, then raise the alert with
-    what the ranks said; end it once a step came again."""
-    holding = alerts.holds(session, run.id, alerts.AlertKind.STALL)
+    what the ranks said; end it once a step came again. ``holding``: the run's stall alert holds."""
     quiet_s = (now - run.last_step_at).total_seconds() if stepped and run.last_step_at else 0.0
     bound = default_stall_s(run, attempt, settings)
     if not stepped or not settings.stall_alert_floor_s or quiet_s <= bound:

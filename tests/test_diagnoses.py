@@ -143,18 +143,18 @@ def test_a_run_without_a_stall_timeout_is_flagged_with_its_diagnosis_and_keeps_r
     run.attempts[0].started_at -= timedelta(seconds=10)  # type: ignore[operator]  # the same run, 10 s later
     watchdog.stop_stalled_and_overdue(session, settings)
     asked = diagnoses.newest(session, run.id, "stall", 1)
-    assert asked is not None and not alerts.holds(session, run.id, alerts.AlertKind.STALL)  # the ranks first
+    assert asked is not None and run.id not in alerts.holding(session, alerts.AlertKind.STALL)  # the ranks first
     answer(session, run, asked, "data_loading_2")
     watchdog.stop_stalled_and_overdue(session, settings)
     watchdog.stop_stalled_and_overdue(session, settings)  # once: an alert holds, no second event
-    assert run.status == lifecycle.RUNNING and alerts.holds(session, run.id, alerts.AlertKind.STALL)
+    assert run.status == lifecycle.RUNNING and run.id in alerts.holding(session, alerts.AlertKind.STALL)
     (event,) = session.scalars(select(RunEvent).where(RunEvent.run_id == run.id, RunEvent.alert == "stall"))
     assert event.reason.startswith("stalled: no step for 45 s after step 3 (default detection: 40 s"), event.reason
     assert "rank 1 never entered all_reduce #" in event.reason and "training.stall_timeout_s" in event.reason
 
     run.last_step, run.last_step_at = 4, utcnow()  # a step came: the alert ends, silently
     watchdog.stop_stalled_and_overdue(session, settings)
-    assert not alerts.holds(session, run.id, alerts.AlertKind.STALL) and run.status == lifecycle.RUNNING
+    assert run.id not in alerts.holding(session, alerts.AlertKind.STALL) and run.status == lifecycle.RUNNING
     assert session.scalar(select(func.count(RunEvent.id)).where(RunEvent.alert == "stall")) == 1
 
 
