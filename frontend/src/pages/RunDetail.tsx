@@ -402,7 +402,7 @@ export function RunDetail({ id }: { id: number }) {
       )}
 
       <div class="two">
-        <RankTable ranks={ranks} keys={keys ?? []} stored={active ? stored : null} stragglers={stragglers} />
+        <RankTable ranks={ranks} keys={keys ?? []} stored={active ? stored : null} stragglers={shape.world > 1 ? stragglers : []} />
         <StateHistory events={events} />
       </div>
 
