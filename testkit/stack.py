@@ -117,11 +117,13 @@ def run_spec(
 SWEEP_PARAMS = {"hidden": 16, "layers": 1, "samples": 256}
 
 
-def sweep_spec(steps: int = 6, **overrides: Any) -> dict[str, Any]:
-    """A sweep of 4 random trials, 2 at once, over the lr of a 2-rank run of the tiny mlp."""
+def sweep_spec(steps: int = 6, procs: int = 2, **overrides: Any) -> dict[str, Any]:
+    """A sweep of 4 random trials, 2 at once, over the lr of a ``procs``-rank run of the tiny mlp
+    (a test of what the sweep controller does, not of the trials' ranks, takes 1: a rank costs ~3 s
+    of CPU to start, mostly importing torch)."""
     return {
         "name": "lr-sweep",
-        "base": run_spec(name="base", procs=2, steps=steps, batch_size=32, params=SWEEP_PARAMS),
+        "base": run_spec(name="base", procs=procs, steps=steps, batch_size=32, params=SWEEP_PARAMS),
         "space": {"training.lr": {"type": "float", "low": 1e-3, "high": 0.1, "log": True}},
         "objective": {"metric": "loss", "direction": "minimize", "take": "last"},
         "n_trials": 4,

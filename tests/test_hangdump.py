@@ -63,9 +63,18 @@ def test_the_worker_waits_for_the_answers_and_says_which_ranks_stayed_silent(tmp
             threading.Event().wait(0.01)
         rank_side.write(tmp_path / hangdump.dump_file(0), {"request": request.read_text(), "rank": 0, "threads": []})
 
+    # The wait ends by a clock that stands still until rank 0 has answered (a real second could pass
+    # before the answering thread runs, on busy cores) and runs out on the look after that one.
     answering = threading.Thread(target=rank_zero_answers)
+    looks_since_answered: list[None] = []
+
+    def clock() -> float:
+        if not answering.is_alive() and answering.ident is not None:
+            looks_since_answered.append(None)
+        return float("inf") if len(looks_since_answered) > 1 else 0.0
+
     answering.start()
-    dumps, missing = collect(tmp_path, 2, REQUEST, wait_s=1.0)
+    dumps, missing = collect(tmp_path, 2, REQUEST, wait_s=1.0, clock=clock)
     answering.join()
     assert [d["rank"] for d in dumps] == [0] and missing == {"1": NO_ANSWER}
 

@@ -13,6 +13,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,14 +71,18 @@ class DiagnoseWatch:
 
 
 def collect(
-    run_dir: Path, procs: int, request: str, wait_s: float = hangdump.RANK_ANSWER_S
+    run_dir: Path,
+    procs: int,
+    request: str,
+    wait_s: float = hangdump.RANK_ANSWER_S,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """Asks the share's ranks and waits (at most ``wait_s``) for their dumps. Returns the dumps
-    and, by local rank, why the others are missing."""
+    """Asks the share's ranks and waits (at most ``wait_s`` by ``clock``) for their dumps. Returns
+    the dumps and, by local rank, why the others are missing."""
     for local in range(procs):  # an answer to an earlier request is no answer to this one
         (run_dir / hangdump.dump_file(local)).unlink(missing_ok=True)
     write_marker(run_dir / hangdump.REQUEST_FILE, request)
-    deadline = time.monotonic() + wait_s
+    deadline = clock() + wait_s
     dumps: dict[int, dict[str, Any]] = {}
     why: dict[int, str] = {}
     while True:
@@ -86,7 +91,7 @@ def collect(
                 dump, why[local] = read_dump(run_dir / hangdump.dump_file(local), request)
                 if dump is not None:
                     dumps[local] = dump
-        if len(dumps) == procs or time.monotonic() > deadline:
+        if len(dumps) == procs or clock() > deadline:
             break
         time.sleep(0.05)
     missing = {str(n): reason for n, reason in sorted(why.items()) if n not in dumps}
