@@ -127,7 +127,7 @@ def test_a_run_submitted_from_the_form_is_watched_live_to_success(page: Page, ui
 
 @pytest.mark.timeout(120)
 def test_cancel_from_the_run_page(page: Page, ui_stack: RunningStack) -> None:
-    run = ui_stack.client.submit(name="ui-cancel", steps=1_000_000, params={"hidden": 16})
+    run = ui_stack.client.submit(name="ui-cancel", steps=1_000_000, params={"hidden": 16}, procs=1)
     ui_stack.client.wait_status(run["id"], {"running"})
     page.goto(f"/#/runs/{run['id']}")
     page.get_by_test_id("cancel-run").click()
@@ -137,8 +137,8 @@ def test_cancel_from_the_run_page(page: Page, ui_stack: RunningStack) -> None:
 
 @pytest.mark.timeout(120)
 def test_compare_two_runs_overlays_charts_and_highlights_spec_differences(page: Page, ui_stack: RunningStack) -> None:
-    a = ui_stack.client.submit(name="cmp-a", steps=60, params={"hidden": 16})
-    b = ui_stack.client.submit(name="cmp-b", steps=60, params={"hidden": 32}, lr=0.05)
+    a = ui_stack.client.submit(name="cmp-a", steps=60, params={"hidden": 16}, procs=1)
+    b = ui_stack.client.submit(name="cmp-b", steps=60, params={"hidden": 32}, lr=0.05, procs=1)
     for run in (a, b):
         ui_stack.client.wait_status(run["id"], {"succeeded"})
     page.goto("/#/runs")
