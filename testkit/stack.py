@@ -113,6 +113,21 @@ def run_spec(
     }
 
 
+# A run that steps at a few % of a core a rank: the fail workload's tiny mlp, never failing, sleeping
+# STEP_S a step in its compute. An mlp training flat out takes a whole core per rank, for as long as
+# a test holds it, from every other test on the machine; what a test of a cancel, a reconnect or a
+# time limit checks needs a run that steps, not one that steps fast.
+STEP_S = 0.02
+
+
+def paced(steps: int) -> dict[str, Any]:
+    """``run_spec`` (or ``Client.submit``) arguments for a run of ``steps`` paced steps."""
+    return {"workload": "fail", "steps": steps, "params": {"at_step": 1, "slow_s": STEP_S, "slow_in": "compute"}}
+
+
+UNTIL_STOPPED = paced(10_000_000)  # a paced run that trains until the test stops it
+
+
 # A tiny model and few steps: a sweep's trial is mostly torchrun's start-up (about 5 s here).
 SWEEP_PARAMS = {"hidden": 16, "layers": 1, "samples": 256}
 
@@ -138,8 +153,10 @@ def sweep_spec(steps: int = 6, procs: int = 2, **overrides: Any) -> dict[str, An
 def submit_on_nodes(
     client: Client, name: str, nodes: int, procs: int, resources: dict[str, Any] | None = None, **training: Any
 ) -> int:
-    """A run of the small mlp on ``nodes`` × ``procs`` (multi-node tests); ``resources`` adds to its resources."""
-    spec = run_spec(name=name, procs=procs, params={"hidden": 32}, **training)
+    """A run of the small mlp (or of ``workload`` and ``params``) on ``nodes`` × ``procs`` (multi-node tests);
+    ``resources`` adds to its resources."""
+    params = training.pop("params", {"hidden": 32})
+    spec = run_spec(name=name, procs=procs, params=params, **training)
     spec["resources"].update(nodes=nodes, **(resources or {}))
     response = client.http.post("/api/v1/runs", json=spec)
     assert response.status_code == 201, response.text

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -138,26 +139,34 @@ def _rank(torchrun_pid: int, rank: int) -> psutil.Process:
     raise AssertionError(f"no rank {rank} under torchrun {torchrun_pid}")
 
 
-@pytest.mark.parametrize("resumed_on", [4, 2])
-def test_a_rank_killed_mid_epoch_and_the_next_attempt_reads_every_sample_once(
-    server: Any, dataset: Path, tmp_path: Path, resumed_on: int
-) -> None:
-    steps, every = SAMPLES // BATCH, 5  # one epoch, a checkpoint every 5 steps
-    spec = mlp_spec(4, steps, checkpoint_every=every)
-    first_trace, second_trace = tmp_path / "first", tmp_path / "second"
-    first_trace.mkdir()
-    second_trace.mkdir()
+STEPS_PER_EPOCH, EVERY = SAMPLES // BATCH, 5  # the killed run: one epoch, a checkpoint every 5 steps
+
+
+@dataclass(frozen=True)
+class KilledAttempt:
+    trace: Path  # what its ranks read, step by step
+    checkpoints: Path  # what it left: each resume below starts from a copy
+
+
+@pytest.fixture(scope="module")
+def killed_attempt(server: Any, dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> KilledAttempt:
+    """An attempt on 4 ranks whose rank 1 is killed with -9 at step 12, after the checkpoint at
+    step 10: once for the module, as both resumes below start from the same cut (a 4-rank launch
+    costs ~13 s of CPU, mostly its ranks importing torch)."""
+    tmp = tmp_path_factory.mktemp("killed")
+    trace, checkpoints = tmp / "trace", tmp / "checkpoints"
+    trace.mkdir()
     env = {
         "TORCHYARD_DATASET_DIR": str(dataset),
-        "TORCHYARD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+        "TORCHYARD_CHECKPOINT_DIR": str(checkpoints),
+        "TORCHYARD_DATA_TRACE": str(trace),
+        # the last rank joins every even step's all-reduce 0.3 s late: the epoch lasts long enough to be cut
+        "TORCHYARD_SLOW_PEER_S": "0.3",
         "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2",  # the dead rank's peers, stuck in a collective, are SIGKILLed soon
     }
-    # The last rank joins every even step's all-reduce 0.3 s late: the epoch lasts long enough to be cut.
-    _run, proc = start_torchrun(
-        server, spec, {**env, "TORCHYARD_DATA_TRACE": str(first_trace), "TORCHYARD_SLOW_PEER_S": "0.3"}
-    )
+    _run, proc = start_torchrun(server, mlp_spec(4, STEPS_PER_EPOCH, checkpoint_every=EVERY), env)
     try:
-        wait_for(lambda: 12 in traced(first_trace).get(1, {}), 120, "rank 1 to reach step 12", interval=0.05)
+        wait_for(lambda: 12 in traced(trace).get(1, {}), 120, "rank 1 to reach step 12", interval=0.05)
         _rank(proc.pid, 1).kill()  # kill -9, after the checkpoint at step 10
         killed_at = time.monotonic()
         proc.communicate(timeout=60)
@@ -166,16 +175,30 @@ def test_a_rank_killed_mid_epoch_and_the_next_attempt_reads_every_sample_once(
             proc.kill()
     assert proc.returncode != 0, "torchrun saw its rank die"
     print(f"torchrun ended {time.monotonic() - killed_at:.1f} s after the kill")
+    return KilledAttempt(trace, checkpoints)
 
-    spec["resources"]["procs_per_node"] = resumed_on
-    _run, second = torchrun(server, spec, timeout=180, env_extra={**env, "TORCHYARD_DATA_TRACE": str(second_trace)})
+
+@pytest.mark.parametrize("resumed_on", [4, 2])
+def test_a_rank_killed_mid_epoch_and_the_next_attempt_reads_every_sample_once(
+    server: Any, dataset: Path, killed_attempt: KilledAttempt, tmp_path: Path, resumed_on: int
+) -> None:
+    steps, every = STEPS_PER_EPOCH, EVERY
+    second_trace, checkpoints = tmp_path / "second", tmp_path / "checkpoints"
+    second_trace.mkdir()
+    shutil.copytree(killed_attempt.checkpoints, checkpoints)
+    env = {
+        "TORCHYARD_DATASET_DIR": str(dataset),
+        "TORCHYARD_CHECKPOINT_DIR": str(checkpoints),
+        "TORCHYARD_DATA_TRACE": str(second_trace),
+    }
+    _run, second = torchrun(server, mlp_spec(resumed_on, steps, checkpoint_every=every), timeout=180, env_extra=env)
     assert second.returncode == 0, second.stderr[-3000:]
     output = second.stdout + second.stderr
     resumed = int(output.split("resumed from the checkpoint at step ")[1].split()[0])
     assert every <= resumed < steps and resumed % every == 0, resumed
     assert f"epoch 0 at {resumed * BATCH:,}" in output, "the data position came back with the checkpoint"
 
-    before, after = traced(first_trace), traced(second_trace)
+    before, after = traced(killed_attempt.trace), traced(second_trace)
     assert sorted(after) == list(range(resumed_on))
     assert all(sorted(after[r]) == list(range(resumed + 1, steps + 1)) for r in after), (
         "it took over after the checkpoint"

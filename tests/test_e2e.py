@@ -15,7 +15,7 @@ from backend.models import Metric
 from cli import sse
 from cli.main import main as cli
 from cli.wait import wait_for
-from testkit.stack import RunningStack, read_sse, run_processes
+from testkit.stack import UNTIL_STOPPED, RunningStack, read_sse, run_processes
 from torchyard.states import TERMINAL
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
@@ -109,7 +109,7 @@ def test_stream_delivers_metrics_live_and_resumes_by_last_event_id(stack: Runnin
 
 @pytest.mark.parametrize("stack", ["sqlite"], indirect=True)  # no database in what it checks
 def test_cancel_ends_every_process_of_the_run_within_5_seconds(stack: RunningStack) -> None:
-    run = stack.client.submit(name="to-cancel", steps=10_000_000, params={"hidden": 32})
+    run = stack.client.submit(name="to-cancel", **UNTIL_STOPPED)
     wait_for(lambda: stack.client.run(run["id"])["last_step"] > 5, 60, "the run to train a few steps", 0.2)
     procs = run_processes(run["id"], stack.settings.checkpoints)
     assert len(procs) >= 3, f"expected torchrun and 2 ranks, found {procs}"

@@ -15,7 +15,7 @@ import pytest
 
 from cli.redis_server import RedisServer
 from cli.wait import wait_for
-from testkit.stack import Client, metric_rows, row_gaps, run_processes, start_stack
+from testkit.stack import UNTIL_STOPPED, Client, metric_rows, row_gaps, run_processes, start_stack
 from torchyard.net import free_port
 from workers import rundirs
 
@@ -49,8 +49,10 @@ def test_up_serves_the_cli_and_ctrl_c_stops_every_process_it_started(tmp_path: P
         wait_for(lambda: client.http.get("/api/v1/nodes").json(), 30, "the worker's heartbeat")
 
         cli = [sys.executable, "-m", "cli.main"]
+        # stepping until Ctrl-C, paced (testkit/stack.py: UNTIL_STOPPED) so as not to take both cores
+        paced = ["--workload", "fail", *(f"--param={k}={v}" for k, v in UNTIL_STOPPED["params"].items())]
         submitted = subprocess.run(
-            [*cli, "submit", "--steps", "10000000", "--procs", "2", "--name", "forever"],
+            [*cli, "submit", "--steps", "10000000", "--procs", "2", "--name", "forever", *paced],
             env=env,
             capture_output=True,
             text=True,

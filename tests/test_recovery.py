@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from cli.wait import wait_for
-from testkit.stack import RunningStack, run_processes, run_spec, sqlite_stack
+from testkit.stack import UNTIL_STOPPED, RunningStack, run_processes, run_spec, sqlite_stack
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
 
@@ -86,7 +86,7 @@ def test_a_hung_run_is_restarted_by_the_watchdog_then_failed_when_out_of_attempt
 
 
 def test_a_run_past_its_max_duration_is_stopped(stack: RunningStack) -> None:
-    spec = run_spec(name="overstays", steps=10_000_000, params={"hidden": 16})
+    spec = run_spec(name="overstays", **UNTIL_STOPPED)
     spec["training"]["max_duration_s"] = 12
     run_id = submit(stack, spec)
     failed = stack.client.wait_status(run_id, {"failed"}, timeout=90)

@@ -14,7 +14,7 @@ import pytest
 from cli.wait import wait_for
 from testkit import browser as chromium
 from testkit import slurm
-from testkit.stack import run_processes, run_spec
+from testkit.stack import UNTIL_STOPPED, run_processes, run_spec
 
 pytestmark = slurm.module_marks()
 env = slurm.module_stack("slurm")
@@ -43,7 +43,7 @@ def test_two_nodes_on_slurm_match_one_node_on_our_worker_step_by_step(env: slurm
 
 
 def test_cancel_while_pending_and_while_running_ends_the_job_and_every_process(env: slurm.SlurmStack) -> None:
-    running = env.submit("slurm-running", nodes=2, procs=1, steps=100_000)
+    running = env.submit("slurm-running", nodes=2, procs=1, **UNTIL_STOPPED)
     running_job = env.job_of(running)
     env.client.wait_status(running, {"running"}, timeout=60)
     # Each node has 2 CPUs and the running job holds one of each: a run of 2 per node must wait.
@@ -112,7 +112,7 @@ def test_a_job_sbatch_refuses_fails_the_run_with_slurms_own_message(env: slurm.S
 @pytest.mark.browser
 def test_the_cluster_page_shows_the_slurm_pool_its_nodes_and_runs(env: slurm.SlurmStack) -> None:
     sync_api = chromium.sync_api()
-    run_id = env.submit("slurm-shown", nodes=2, procs=1, steps=100_000)
+    run_id = env.submit("slurm-shown", nodes=2, procs=1, **UNTIL_STOPPED)
     job = env.job_of(run_id)
     with sync_api.sync_playwright() as p:
         browser = chromium.launch(p)

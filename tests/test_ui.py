@@ -17,7 +17,7 @@ import pytest
 from cli.runs import submit
 from cli.wait import wait_for
 from testkit.browser import browser_marks, set_field, shot, sync_api
-from testkit.stack import RunningStack, sqlite_stack
+from testkit.stack import UNTIL_STOPPED, RunningStack, sqlite_stack
 from workers.runtime.comm import union_length
 
 playwright_sync = sync_api()
@@ -127,7 +127,7 @@ def test_a_run_submitted_from_the_form_is_watched_live_to_success(page: Page, ui
 
 @pytest.mark.timeout(120)
 def test_cancel_from_the_run_page(page: Page, ui_stack: RunningStack) -> None:
-    run = ui_stack.client.submit(name="ui-cancel", steps=1_000_000, params={"hidden": 16}, procs=1)
+    run = ui_stack.client.submit(name="ui-cancel", procs=1, **UNTIL_STOPPED)
     ui_stack.client.wait_status(run["id"], {"running"})
     page.goto(f"/#/runs/{run['id']}")
     page.get_by_test_id("cancel-run").click()
@@ -368,7 +368,7 @@ def test_a_lost_connection_shows_a_banner_and_the_stream_resumes_where_it_stoppe
     page: Page, ui_stack: RunningStack
 ) -> None:
     client = ui_stack.client
-    run = client.submit(name="ui-reconnect", steps=1_000_000, params={"hidden": 16}, log_every=5)
+    run = client.submit(name="ui-reconnect", log_every=5, **UNTIL_STOPPED)
     client.wait_status(run["id"], {"running"})
     stream_requests: list[Any] = []
     page.on("request", lambda r: stream_requests.append(r) if f"/runs/{run['id']}/stream" in r.url else None)
