@@ -158,10 +158,6 @@ def step_timelines(session: Session, run_id: int, step: int) -> dict[str, Any]:
     return {"step": step, "attempt": attempt, "ranks": ranks}
 
 
-def latest_attempt(session: Session, run_id: int) -> Attempt | None:
-    return session.scalar(select(Attempt).where(Attempt.run_id == run_id).order_by(Attempt.number.desc()).limit(1))
-
-
 def request_cancel(session: Session, run: Run, reason: str) -> None:
     """queued runs are cancelled at once; placed ones go to ``cancelling`` until the worker has
     ended every process (it reports the exit, and ``attempts`` records ``cancelled``). Asking

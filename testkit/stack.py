@@ -113,19 +113,17 @@ def run_spec(
     }
 
 
-# A run that steps at a few % of a core a rank: the fail workload's tiny mlp, never failing, sleeping
-# STEP_S a step in its compute. An mlp training flat out takes a whole core per rank, for as long as
-# a test holds it, from every other test on the machine; what a test of a cancel, a reconnect or a
-# time limit checks needs a run that steps, not one that steps fast.
+# ``run_spec`` (or ``Client.submit``) arguments for a run that trains until the test stops it, at a
+# few % of a core a rank: the fail workload's tiny mlp, never failing, sleeping STEP_S a step in its
+# compute. An mlp training flat out takes a whole core per rank, for as long as a test holds it, from
+# every other test on the machine; a test of a cancel, a reconnect or a time limit needs a run that
+# steps, not one that steps fast.
 STEP_S = 0.02
-
-
-def paced(steps: int) -> dict[str, Any]:
-    """``run_spec`` (or ``Client.submit``) arguments for a run of ``steps`` paced steps."""
-    return {"workload": "fail", "steps": steps, "params": {"at_step": 1, "slow_s": STEP_S, "slow_in": "compute"}}
-
-
-UNTIL_STOPPED = paced(10_000_000)  # a paced run that trains until the test stops it
+UNTIL_STOPPED: dict[str, Any] = {
+    "workload": "fail",
+    "steps": 10_000_000,
+    "params": {"at_step": 1, "slow_s": STEP_S, "slow_in": "compute"},
+}
 
 
 # A tiny model and few steps: a sweep's trial is mostly torchrun's start-up (about 5 s here).
