@@ -222,7 +222,6 @@ def asha_spec() -> dict[str, Any]:
     still training when the controller reads its first rung."""
     spec = sweep_spec(
         steps=STEPS,
-        procs=1,
         space={"training.lr": {"type": "categorical", "choices": [0.01, 1.0, 0.8]}},
         n_trials=3,
         max_concurrent=1,
