@@ -15,7 +15,6 @@ private redis-server. Ratios are against the bare interpreter measured in the sa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
@@ -27,8 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cli.redis_server import RedisServer
+from testkit.torchrun import ROOT, spec, torchrun
 
-ROOT = Path(__file__).resolve().parents[1]
 CALIBRATE = """
 import time, torch, torch.distributed as dist
 from workers.runtime.calibrate import calibrate
@@ -41,52 +40,42 @@ dist.destroy_process_group()
 """
 
 
-def cpu_of(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str]:
-    """(CPU seconds of the command and every process it waited for, wall seconds, its output)."""
+def measured(run: Callable[[], object]) -> tuple[float, float]:
+    """(CPU seconds of every process ``run`` started and waited for, wall seconds)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+    run()
     wall = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return cpu, wall, done.stdout
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
 
 
-def python(code: str) -> list[str]:
-    return [sys.executable, "-c", code]
+def python(code: str) -> Callable[[], tuple[float, float]]:
+    return lambda: measured(lambda: subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True))
 
 
-def launch(redis_url: str, procs: int) -> Callable[[], tuple[float, float, str]]:
-    spec = {
-        "name": "launch-cost",
-        "workload": {"kind": "builtin", "name": "mlp", "params": {"hidden": 16, "samples": 256}},
-        "strategy": {"kind": "ddp"},
-        "resources": {"procs_per_node": procs, "device": "cpu"},
-        "training": {"steps": 1, "batch_size": 32, "lr": 0.01, "seed": 0},
-    }
-    env = {
-        **os.environ,
-        "TORCHYARD_SPEC": json.dumps(spec),
-        "TORCHYARD_RANK_REDIS_URL": redis_url,
-        "TORCHYARD_RUN_ID": "1",
-        "TORCHYARD_ATTEMPT": "1",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(ROOT),
-    }
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-               "--nproc-per-node", str(procs), "-m", "workers.runtime.train"]  # fmt: skip
-    return lambda: cpu_of(command, env)
+def launch(server: RedisServer, procs: int) -> Callable[[], tuple[float, float]]:
+    """The built-in mlp, 1 step, under torch elastic as the suite's dist tests start it."""
+    body = spec({"kind": "builtin", "name": "mlp", "params": {"hidden": 16, "samples": 256}}, steps=1, batch_size=32)
+    body["resources"]["procs_per_node"] = procs
+
+    def run() -> None:
+        _run_id, done = torchrun(server, body)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    return lambda: measured(run)
 
 
-def calibration() -> tuple[float, float, str]:
+def calibration() -> tuple[float, float]:
+    """(CPU, wall) seconds of rank 0's calibration, measured inside it."""
     with tempfile.NamedTemporaryFile("w", suffix=".py") as script:
         script.write(CALIBRATE)
         script.flush()
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script.name]
-        _cpu, _wall, out = cpu_of(command, env)
+        out = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, check=True).stdout
     cpu, wall = map(float, out.split("calibrate")[1].split()[:2])
-    return cpu, wall, out
+    return cpu, wall
 
 
 def main() -> None:
@@ -96,19 +85,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         redis = RedisServer(Path(tmp)).start()
         try:
-            cases: list[tuple[str, Callable[[], tuple[float, float, str]]]] = [
-                ("the interpreter (python -c pass)", lambda: cpu_of(python("pass"))),
-                ("import torch", lambda: cpu_of(python("import torch"))),
-                ("import torch, torch._dynamo", lambda: cpu_of(python("import torch, torch._dynamo"))),
-                ("import workers.runtime.train", lambda: cpu_of(python("import workers.runtime.train"))),
+            cases: list[tuple[str, Callable[[], tuple[float, float]]]] = [
+                ("the interpreter (python -c pass)", python("pass")),
+                ("import torch", python("import torch")),
+                ("import torch, torch._dynamo", python("import torch, torch._dynamo")),
+                ("import workers.runtime.train", python("import workers.runtime.train")),
                 ("calibrate, 2 ranks (per rank, inside it)", calibration),
-                ("torchrun, 1 rank, 1 step", launch(redis.url, 1)),
-                ("torchrun, 2 ranks, 1 step", launch(redis.url, 2)),
-                ("torchrun, 4 ranks, 1 step", launch(redis.url, 4)),
+                ("torchrun, 1 rank, 1 step", launch(redis, 1)),
+                ("torchrun, 2 ranks, 1 step", launch(redis, 2)),
+                ("torchrun, 4 ranks, 1 step", launch(redis, 4)),
             ]
             rows = []
             for name, measure in cases:
-                samples = [measure()[:2] for _ in range(args.repeat)]
+                samples = [measure() for _ in range(args.repeat)]
                 rows.append((name, statistics.median(c for c, _ in samples), statistics.median(w for _, w in samples)))
         finally:
             redis.stop()
