@@ -15,7 +15,9 @@ from typing import Any
 import redis
 
 from cli.redis_server import RedisServer
+from testkit.forked import Forked, rank_environments
 from torchyard import streams
+from torchyard.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: the ranks import workers.runtime from it
 Points = list[tuple[int, int, dict[str, float]]]  # (rank, step, values) of every metrics point
@@ -40,6 +42,17 @@ def start_torchrun(
 ) -> tuple[int, subprocess.Popen[str]]:
     """The same, started: (run id, its torchrun), for a test that does something to it mid-run."""
     run_id = next(_run_ids)
+    env = rank_base_env(server, spec, run_id, env_extra)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node",
+           str(spec["resources"]["procs_per_node"]), "-m", "workers.runtime.train"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return run_id, proc
+
+
+def rank_base_env(
+    server: RedisServer, spec: dict[str, Any], run_id: int, env_extra: dict[str, str] | None
+) -> dict[str, str]:
+    """The environment of every rank of a run, but what its launcher adds per rank."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHYARD_")}
     env.update(
         TORCHYARD_SPEC=json.dumps(spec),
@@ -50,10 +63,31 @@ def start_torchrun(
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
         **(env_extra or {}),
     )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node",
-           str(spec["resources"]["procs_per_node"]), "-m", "workers.runtime.train"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return run_id, proc
+    return env
+
+
+def forked_run(
+    forked: Forked,
+    server: RedisServer,
+    spec: dict[str, Any],
+    logs: Path,
+    timeout: float = 60,
+    env_extra: dict[str, str] | None = None,
+) -> tuple[int, str]:
+    """``spec``'s ranks forked from ``forked`` (``testkit/forked.py``) and run to their end: the run
+    id and the ranks' output (stdout and stderr, rank by rank). A rank that failed, or a gang past
+    ``timeout``, fails the test with that output."""
+    run_id = next(_run_ids)
+    procs = spec["resources"]["procs_per_node"]
+    envs = rank_environments(rank_base_env(server, spec, run_id, env_extra), procs, free_port())
+    folder = logs / str(run_id)
+    codes, timed_out = forked.run(envs, folder, timeout)
+    output = "\n".join(
+        f"--- rank {r}: exit {c}\n" + (folder / f"rank-{r}.log").read_text() for r, c in enumerate(codes)
+    )
+    if timed_out or any(codes):
+        raise AssertionError(f"{f'past its {timeout} s: ' if timed_out else ''}ranks ended {codes}\n{output[-12000:]}")
+    return run_id, output
 
 
 def points(server: RedisServer, run_id: int) -> Points:
@@ -105,19 +139,21 @@ def global_loss(pts: Points, steps: int) -> list[float]:
 
 
 def run_once(
-    server: RedisServer, runs: Mapping[str, dict[str, Any] | tuple[dict[str, Any], dict[str, str]]], timeout: float
+    forked: Forked,
+    server: RedisServer,
+    runs: Mapping[str, dict[str, Any] | tuple[dict[str, Any], dict[str, str]]],
+    logs: Path,
+    timeout: float,
 ) -> Callable[[str], Points]:
-    """``get(name)``: the points of ``runs[name]`` (a spec, or a spec and extra environment), run
-    under torchrun the first time a test asks for it and kept for the module's other tests."""
+    """``get(name)``: the points of ``runs[name]`` (a spec, or a spec and extra environment), its
+    ranks forked from ``forked`` the first time a test asks for it, kept for the module's other tests."""
     done: dict[str, Points] = {}
 
     def get(name: str) -> Points:
         if name not in done:
             entry = runs[name]
             body, env = entry if isinstance(entry, tuple) else (entry, None)
-            run_id, proc = torchrun(server, body, timeout=timeout, env_extra=env)
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-            done[name] = points(server, run_id)
+            done[name] = points(server, forked_run(forked, server, body, logs, timeout, env)[0])
         return done[name]
 
     return get

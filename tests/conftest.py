@@ -24,6 +24,7 @@ from backend.migrate import upgrade
 from cli.redis_server import RedisServer
 from testkit import browser as chromium
 from testkit import require
+from testkit.forked import Forked
 from testkit.ingest import one_run
 from testkit.stack import RunningStack, sqlite_stack, start_stack
 
@@ -73,6 +74,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="session")
+def forked() -> Iterator[Forked]:
+    """A warm interpreter that forks ranks (``testkit/forked.py``), one per test process."""
+    warm = Forked()
+    yield warm
+    warm.close()
 
 
 @contextmanager

@@ -8,13 +8,14 @@ counted within one run. Plus the spec's refusals."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from cli.redis_server import RedisServer
+from testkit.forked import Forked
 from testkit.torchrun import BASE_KEYS, COMM_KEYS, Points, by_rank, global_loss, losses, run_once
 from torchyard.spec import RunSpec
 
@@ -72,10 +73,8 @@ RUNS: dict[str, dict[str, Any] | tuple[dict[str, Any], dict[str, str]]] = {
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield run_once(server, RUNS, timeout=120)
-    server.stop()
+def run(forked: Forked, server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Points]:
+    return run_once(forked, server, RUNS, tmp_path_factory.mktemp("ranks"), timeout=120)
 
 
 def final(losses: list[float]) -> float:

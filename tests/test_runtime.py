@@ -1,17 +1,19 @@
 """The rank entrypoint under the real torch elastic launcher, 2 ranks on Gloo, metrics into a
-private redis-server."""
+private redis-server; and the same ranks forked from a warm process (testkit/forked.py)."""
 
 from __future__ import annotations
 
 import math
 import subprocess
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cli.redis_server import RedisServer
-from testkit.torchrun import BASE_KEYS, COMM_KEYS, losses, points, spec, torchrun
+from testkit.forked import Forked
+from testkit.torchrun import BASE_KEYS, COMM_KEYS, forked_run, losses, points, spec, torchrun
 
 pytestmark = pytest.mark.dist
 
@@ -41,13 +43,30 @@ def test_mlp_logs_every_step_of_every_rank_once_and_learns(server: RedisServer, 
 
 
 @pytest.mark.timeout(90)
-def test_same_seed_gives_identical_losses(server: RedisServer, mlp_run: Any) -> None:
+def test_same_seed_gives_identical_losses_under_torchrun_and_forked_from_a_warm_process(
+    server: RedisServer, mlp_run: Any, forked: Forked, tmp_path: Path
+) -> None:
+    """The same ranks either way: the modules that compare strategies fork theirs (testkit/forked.py)."""
     first_id, _ = mlp_run
-    second_id, proc = torchrun(server, spec(MLP, 30, seed=7))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    second_id, _output = forked_run(forked, server, spec(MLP, 30, seed=7), tmp_path)
     first, second = losses(points(server, first_id)), losses(points(server, second_id))
     assert len(first) == 60 and first == second
     assert first[(0, 1)] != first[(1, 1)]  # the ranks really saw different shards
+
+
+@pytest.mark.timeout(90)
+def test_a_forked_gang_ends_when_one_rank_fails_and_says_why(
+    server: RedisServer, forked: Forked, tmp_path: Path
+) -> None:
+    """As under torchrun: rank 1 raises at step 3; rank 0, waiting in that step's all-reduce, ends
+    too (Gloo's error on the closed connection, or else the SIGTERM its gang gets) instead of
+    waiting for ever; the failure quotes rank 1's traceback."""
+    with pytest.raises(AssertionError) as failed:
+        forked_run(
+            forked, server, spec({"name": "fail", "params": {"at_step": 3, "rank": 1}}, 10), tmp_path, timeout=60
+        )
+    assert any(f"ranks ended [{rank_0}, 1]" in str(failed.value) for rank_0 in (1, 143)), str(failed.value)
+    assert "RuntimeError: workload 'fail' raised at step 3" in str(failed.value)
 
 
 @pytest.mark.timeout(90)

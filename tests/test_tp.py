@@ -6,7 +6,7 @@ the parameters. Plus the spec's refusals of shapes that cannot split."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from cli.redis_server import RedisServer
 from testkit.commcheck import comm_counts
+from testkit.forked import Forked
 from testkit.torchrun import BASE_KEYS, COMM_KEYS, Points, by_rank, global_loss, run_once
 from torchyard.spec import RunSpec
 
@@ -59,10 +60,8 @@ RUNS: dict[str, dict[str, Any]] = {
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield run_once(server, RUNS, timeout=180)
-    server.stop()
+def run(forked: Forked, server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Points]:
+    return run_once(forked, server, RUNS, tmp_path_factory.mktemp("ranks"), timeout=180)
 
 
 def max_diff(a: list[float], b: list[float]) -> float:
