@@ -12,8 +12,9 @@ processes. What torchrun itself does (restarts, ending a gang when one rank fail
 file) stays tested under torchrun (``testkit/torchrun.py``); a failed rank here ends its gang the
 same way (SIGTERM to the others, SIGKILL after a grace).
 
-The protocol, one gang at a time: a JSON line on stdin ``{"envs": [...], "logs": dir, "timeout": s}``,
-a JSON line back ``{"codes": [...], "timed_out": bool}`` once every rank has ended."""
+The protocol, one gang at a time: a JSON line on stdin ``{"id": n, "envs": [...], "logs": dir,
+"timeout": s}``, a JSON line back ``{"id": n, "codes": [...], "timed_out": bool}`` once every rank
+has ended."""
 
 from __future__ import annotations
 
@@ -46,18 +47,23 @@ class Forked:
             [sys.executable, "-m", "testkit.forked"], cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             text=True,
         )  # fmt: skip
+        self.sent = 0  # requests sent: each answer names the request it answers
 
     def run(self, envs: list[dict[str, str]], logs: Path, timeout: float) -> tuple[list[int], bool]:
         """Forks one rank per environment, waits for all: their exit codes and whether the gang
         was ended for running past ``timeout``. Each rank's stdout and stderr go to ``logs/rank-N.log``."""
         assert self.proc.stdin and self.proc.stdout
-        self.proc.stdin.write(json.dumps({"envs": envs, "logs": str(logs), "timeout": timeout}) + "\n")
+        self.sent += 1
+        request = {"id": self.sent, "envs": envs, "logs": str(logs), "timeout": timeout}
+        self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the warm rank process ended (exit {self.proc.wait()})")
-        answer = json.loads(line)
-        return answer["codes"], answer["timed_out"]
+        while True:  # an earlier gang's answer, its test interrupted (a timeout) while it waited, is skipped
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the warm rank process ended (exit {self.proc.wait()})")
+            answer = json.loads(line)
+            if answer["id"] == self.sent:
+                return answer["codes"], answer["timed_out"]
 
     def close(self) -> None:
         if self.proc.stdin:
@@ -139,7 +145,7 @@ def _gang(request: dict[str, Any]) -> dict[str, Any]:
         elif ending_at is not None and now > ending_at:
             _signal_all(pids, codes, signal.SIGKILL)
         time.sleep(0.02)
-    return {"codes": codes, "timed_out": timed_out}
+    return {"id": request["id"], "codes": codes, "timed_out": timed_out}
 
 
 def _signal_all(pids: dict[int, int], codes: list[int | None], sig: signal.Signals) -> float:
