@@ -1,5 +1,6 @@
-"""The rank entrypoint under the real torch elastic launcher, without the platform: a spec in the
-environment, metrics into a private redis-server, read back point by point."""
+"""The rank entrypoint without the platform, under the real torch elastic launcher (``torchrun``,
+``start_torchrun``) or forked from a warm process (``forked_run``, ``testkit/forked.py``): a spec
+in the environment, metrics into a private redis-server, read back point by point."""
 
 from __future__ import annotations
 
