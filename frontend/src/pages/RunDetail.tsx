@@ -73,6 +73,9 @@ export function RunDetail({ id }: { id: number }) {
   const rankSeries = useRef<RankSeries>(new Map());
   const charts = useRef(new Map<string, ChartHandle>());
   const rankRef = useRef(new Map<number, RankRow>());
+  // Set by the stream when a rank's row changed: the table is rebuilt then, not on every tick (a
+  // new array each 400 ms re-rendered the page 2.5 times a second, a finished run's too).
+  const ranksChanged = useRef(false);
   const logs = useRef(new LogBuffer());
   const dirty = useRef(false);
   const zoomRef = useRef<[number, number] | null>(null);
@@ -155,6 +158,7 @@ export function RunDetail({ id }: { id: number }) {
     series.current = new Map();
     rankSeries.current = new Map();
     rankRef.current = new Map();
+    ranksChanged.current = true; // another run: its table starts empty
     logs.current = new LogBuffer();
     setRun(null);
     setKeys(null);
@@ -193,6 +197,7 @@ export function RunDetail({ id }: { id: number }) {
         row.step = Math.max(row.step, step);
       }
       rankRef.current.set(e.rank, row);
+      ranksChanged.current = true;
       if (fresh) {
         keysRef.current = [...keysRef.current, ...fresh].sort();
         setKeys(keysRef.current);
@@ -243,7 +248,10 @@ export function RunDetail({ id }: { id: number }) {
     };
     frame = requestAnimationFrame(tick);
     const slow = window.setInterval(() => {
-      setRanks([...rankRef.current.values()].sort((a, b) => a.rank - b.rank));
+      if (ranksChanged.current) {
+        ranksChanged.current = false;
+        setRanks([...rankRef.current.values()].sort((a, b) => a.rank - b.rank));
+      }
       // the progress follows the live stream, not only the run as first read
       const newest = Math.max(0, ...[...rankRef.current.values()].map((row) => row.step));
       setRun((r) => (r && newest > r.last_step ? { ...r, last_step: newest } : r));
