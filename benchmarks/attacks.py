@@ -303,10 +303,21 @@ def _wait_terminal(client: httpx.Client, run_id: int, timeout: float) -> dict[st
     return wait_for(done, timeout, f"run {run_id} to end", interval=0.3)
 
 
+# The victim must still be training when the last attack is done (~25 s after it first steps here
+# under load). Its steps are paced by a sleep (the `fail` workload's slow_s, which then never raises):
+# its life has a floor of VICTIM_STEPS × VICTIM_PACE_S (45 s) that a fast machine does not shorten,
+# and its 2 × 1,500 rank-steps cost a quarter of the CPU that 6,000 unpaced ones took to last as long.
+VICTIM_STEPS, VICTIM_PACE_S = 1500, 0.03
+
+
 def victim_spec(steps: int) -> dict[str, Any]:
     return {
         "name": "victim",
-        "workload": {"kind": "builtin", "name": "mlp", "params": {"hidden": 32}},
+        "workload": {
+            "kind": "builtin",
+            "name": "fail",
+            "params": {"at_step": 1, "slow_s": VICTIM_PACE_S, "slow_in": "compute"},
+        },
         "strategy": {"kind": "ddp"},
         "resources": {"nodes": 1, "procs_per_node": 2, "device": "cpu"},
         "training": {"steps": steps, "batch_size": 64, "lr": 0.01, "seed": 0},
@@ -321,7 +332,7 @@ def run_scenario(
     platform_pids: list[int],
     worker_pid: int,
     count_rows: Any,
-    victim_steps: int = 6000,
+    victim_steps: int = VICTIM_STEPS,
     timeout: float = 240,
 ) -> Scenario:
     """Victim runs (member A: a training run, and one that leaves files in its temp space) and the
@@ -519,7 +530,7 @@ def table(results: list[Outcome], width: int = 110) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--victim-steps", type=int, default=6000)
+    parser.add_argument("--victim-steps", type=int, default=VICTIM_STEPS)
     args = parser.parse_args()
     from testkit.stack import sqlite_stack
 

@@ -119,11 +119,15 @@ def run_spec(
 # every other test on the machine; a test of a cancel, a reconnect or a time limit needs a run that
 # steps, not one that steps fast.
 STEP_S = 0.02
-UNTIL_STOPPED: dict[str, Any] = {
-    "workload": "fail",
-    "steps": 10_000_000,
-    "params": {"at_step": 1, "slow_s": STEP_S, "slow_in": "compute"},
-}
+
+
+def paced(steps: int, step_s: float = STEP_S) -> dict[str, Any]:
+    """A run of ``steps`` steps of at least ``step_s`` each: one that must still be training when the
+    test acts on it lasts ``steps × step_s`` at least, however fast the machine, at a few % of a core."""
+    return {"workload": "fail", "steps": steps, "params": {"at_step": 1, "slow_s": step_s, "slow_in": "compute"}}
+
+
+UNTIL_STOPPED = paced(10_000_000)
 
 
 # A tiny model and few steps: a sweep's trial is mostly torchrun's start-up (about 5 s here).

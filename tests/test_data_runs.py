@@ -68,8 +68,9 @@ def submit(stack: RunningStack, spec: dict[str, Any]) -> int:
     return int(response.json()["id"])
 
 
-def mlp_spec(name: str, **training: Any) -> dict[str, Any]:
-    spec = run_spec(name=name, params={"input_dim": 8, "classes": 4, "hidden": 16}, batch_size=20, **training)
+def mlp_spec(name: str, procs: int = 2, **training: Any) -> dict[str, Any]:
+    params = {"input_dim": 8, "classes": 4, "hidden": 16}
+    spec = run_spec(name=name, params=params, procs=procs, batch_size=20, **training)
     spec["data"] = {"dataset": "points", "shuffle_buffer": 50, "workers": 1}
     return spec
 
@@ -152,7 +153,8 @@ def damaged(stack: RunningStack, tmp_path: Path, name: str, damage: str) -> Path
 def test_a_bad_shard_fails_the_run_naming_it(stack: RunningStack, tmp_path: Path, damage: str) -> None:
     name = f"fragile-{damage}"
     shard = damaged(stack, tmp_path, name, damage)
-    spec = mlp_spec(f"data-{damage}", steps=10, max_attempts=1)
+    # one rank: the first to meet the shard fails the run, which the other ranks would only follow
+    spec = mlp_spec(f"data-{damage}", procs=1, steps=10, max_attempts=1)
     spec["data"] = {"dataset": name, "shuffle_buffer": 0, "workers": 1}
     run_id = submit(stack, spec)
     reason = stack.client.wait_status(run_id, {"failed"}, timeout=120)["status_reason"]

@@ -15,11 +15,12 @@ import pytest
 
 from cli.redis_server import RedisServer
 from cli.wait import wait_for
-from testkit.stack import UNTIL_STOPPED, Client, metric_rows, row_gaps, run_processes, start_stack
+from testkit.stack import UNTIL_STOPPED, Client, metric_rows, paced, row_gaps, run_processes, start_stack
 from torchyard.net import free_port
 from workers import rundirs
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
+STEPS = 400  # the run that up saves on its Ctrl-C
 
 
 def test_up_serves_the_cli_and_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
@@ -123,8 +124,9 @@ def test_ctrl_c_on_up_saves_a_run_that_saves_on_cancel_and_the_next_up_resumes_i
     up, token = start_up(env)
     try:
         client = Client(f"http://127.0.0.1:{port}", token)
+        # Paced (12 s at least): still training when up stops, whatever the machine's speed
         run_id = client.submit(
-            name="saves-on-stop", steps=3000, params={"hidden": 32}, checkpoint_every=100_000, checkpoint_on_cancel=True
+            name="saves-on-stop", **paced(STEPS, 0.03), checkpoint_every=100_000, checkpoint_on_cancel=True
         )["id"]
         wait_for(lambda: client.run(run_id)["last_step"] > 20, 90, "the run to train")
         up.send_signal(signal.SIGINT)
@@ -135,7 +137,7 @@ def test_ctrl_c_on_up_saves_a_run_that_saves_on_cancel_and_the_next_up_resumes_i
         up, token = start_up(env)  # the same state dir: the same database, checkpoints and token
         client = Client(f"http://127.0.0.1:{port}", token)
         saved = [c["step"] for c in client.http.get(f"/api/v1/runs/{run_id}/checkpoints").json()]
-        assert len(saved) == 1 and 20 < saved[0] < 3000, saved
+        assert len(saved) == 1 and 20 < saved[0] < STEPS, saved
         done = client.wait_status(run_id, {"succeeded"}, timeout=150)
         assert done["attempt_count"] == 2
         texts = [

@@ -23,7 +23,7 @@ from torchyard import streams
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(120)]
 IS_ROOT = os.geteuid() == 0
-VICTIM_STEPS = 6000
+VICTIM_STEPS = attacks.VICTIM_STEPS
 
 
 @pytest.fixture(scope="module")
