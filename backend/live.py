@@ -72,11 +72,13 @@ class _LiveStream(StreamingResponse):
 
 
 def figures() -> dict[str, int]:
-    """This api process's live streams, shared feeds, viewers on them, and viewers ever left behind."""
+    """This api process's live streams, shared feeds, viewers on them, and viewers that ever joined a
+    feed or were left behind by one."""
     return {
         "streams": sum(_open_streams.values()),
         "feeds": len(livefeed.feeds),
         "feed_viewers": sum(len(feed.viewers) for feed in list(livefeed.feeds.values())),
+        "joined": livefeed.feed_figures["joined"],
         "left_behind": livefeed.feed_figures["left_behind"],
     }
 

@@ -181,6 +181,7 @@ class Feed:
             feed = feeds[run_id] = cls(run_id, read)
         queue: asyncio.Queue[Batch | None] = asyncio.Queue()
         feed.viewers.add(queue)
+        feed_figures["joined"] += 1
         return feed, queue
 
     def leave(self, queue: asyncio.Queue[Batch | None]) -> None:
@@ -217,7 +218,8 @@ class Feed:
 
 
 feeds: dict[int, Feed] = {}  # run id → its shared feed in this api process
-feed_figures: Counter[str] = Counter()  # viewers left behind by a feed, since this process started
+# viewers that joined a feed ("joined") and that a feed left behind, since this process started
+feed_figures: Counter[str] = Counter()
 
 
 UNPLACED = "stored before rows kept their stream positions: read them from the run's metrics and logs"

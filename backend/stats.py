@@ -101,6 +101,12 @@ def collect(session: Session, redis: Any) -> list[Series]:
     )
     gauge("torchyard_live_feed_viewers", "Live streams reading from a shared reader.", [({}, live_now["feed_viewers"])])
     gauge(
+        "torchyard_live_feed_joined_total",
+        "Viewers that joined a shared reader (a viewer left behind joins again once it caught up).",
+        [({}, live_now["joined"])],
+        kind="counter",
+    )
+    gauge(
         "torchyard_live_feed_left_behind_total",
         "Viewers that fell live_feed_backlog batches behind a shared reader (each then read on its own).",
         [({}, live_now["left_behind"])],

@@ -225,6 +225,7 @@ def test_viewers_of_a_run_share_one_reader_and_each_gets_every_event_once_in_one
 
     # half from the start, half once the run is under way (they read what they missed on their own first)
     threads = [threading.Thread(target=watch, args=(i,), daemon=True) for i in range(viewers + from_now)]
+    joined_before = live_figures(stack)["live_feed_joined_total"]
     threads[viewers].start()  # the first from now starts the shared reader, the second joins it
     wait_for(lambda: live_figures(stack)["live_feed_viewers"] >= 1, 30, "a shared reader", interval=0.05)
     for thread in threads[: viewers // 2]:
@@ -239,7 +240,10 @@ def test_viewers_of_a_run_share_one_reader_and_each_gets_every_event_once_in_one
         assert most["live_feeds"] <= 1, "one shared reader per run"
         threads[0].join(0.2)
     assert not failures, failures
-    assert most["live_feed_viewers"] >= 2, f"viewers read from the shared reader: {dict(most)}"
+    # Counted, not sampled (a sample misses a viewer that joined and left between two, as on a loaded
+    # machine): the viewers from now join at once, those from the start once they caught up.
+    joined = live_figures(stack)["live_feed_joined_total"] - joined_before
+    assert joined >= from_now, f"viewers read from the shared reader: {joined} joined; peaks {dict(most)}"
 
     first = seen[0]
     assert first[-1][2]["status"] == "succeeded"
