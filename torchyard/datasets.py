@@ -1,6 +1,6 @@
 """The dataset format, in one place: the CLI writes shards with it, the api checks and indexes each
 uploaded shard with it and writes the manifest, the ranks read samples with it
-(``torchyard/data.py``).
+(``torchyard/data/``).
 
 A dataset is WebDataset-style tar shards: plain POSIX tar files whose members are named
 ``KEY.FIELD`` (``0001.input.npy``, ``0001.cls``); consecutive members with the same key are one

@@ -1,4 +1,4 @@
-"""A dataset's files as a rank reads them (``torchyard/data.py``): in a folder (the dataset's own,
+"""A dataset's files as a rank reads them (``torchyard/data/``): in a folder (the dataset's own,
 bound read-only), or in an object store through the view the worker wrote (``torchyard/stores.py``:
 the manifest, and ``objects.json``: each file's presigned GET URL and size), whichever the folder
 ``open_files`` is given holds.
@@ -10,7 +10,7 @@ stored order come in one GET per shard and batch). A store's latency is then pai
 not per sample, and no byte is fetched that the batch does not need (but the gaps). So a loader
 process holds the bytes of the batch it is reading, never a shard, never the dataset. What fails
 as in a folder: an object not there (listed so, or a 404) is a missing file; a short one fails the
-field's size check, a changed byte its CRC-32, a changed index its sha256 (``data.py``). Anything
+field's size check, a changed byte its CRC-32, a changed index its sha256 (``data/shards.py``). Anything
 else the store answers (403: the URL expired, or 5xx and lost connections after TRIES tries) is a
 StoreError: the run fails, never skips a shard (a store that is down is no bad shard)."""
 

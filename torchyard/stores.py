@@ -2,7 +2,7 @@
 ``TORCHYARD_DATASET_ROOT/<name>/``, or an S3-compatible object store (AWS S3, MinIO, ...),
 ``TORCHYARD_DATASET_STORE=s3://BUCKET/PREFIX`` holding ``PREFIX/<name>/<file>``. The api writes
 through a store (``backend/datasets.py``); a worker checks that a run's dataset is there and gives
-its ranks a way in (:meth:`give`); the ranks read with ``torchyard/data.py``.
+its ranks a way in (:meth:`give`); the ranks read with ``torchyard/data/``.
 
 The trust wall (ARCHITECTURE.md): ranks run a member's code, so they never hold the store's
 credentials, which write and delete every dataset. A folder reaches them through a read-only bind
