@@ -47,8 +47,16 @@ def test_diagnose_names_the_stuck_rank_and_the_stall_keeps_its_diagnosis(page: P
     def named() -> bool:
         button = page.get_by_test_id("diagnose")
         if button.is_enabled():
+            # A click can miss while the charts above still draw and move the card (seen once in CI,
+            # three test workers on 2 cores: no POST /diagnose followed it): then no result comes,
+            # and the next round clicks again, as a user would.
             button.click()
-        expect(page.get_by_test_id("diagnosis-result")).not_to_have_attribute("data-status", "pending", timeout=15_000)
+        try:
+            expect(page.get_by_test_id("diagnosis-result")).not_to_have_attribute(
+                "data-status", "pending", timeout=15_000
+            )
+        except AssertionError:
+            return False
         return headline.inner_text().startswith("rank 1 never entered all_reduce #")
 
     wait_for(named, 40, "the diagnosis to name rank 1", interval=0.5)
