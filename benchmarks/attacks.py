@@ -32,6 +32,7 @@ import httpx
 import psutil
 
 from cli.wait import wait_for
+from testkit.stack import paced, sqlite_stack
 from torchyard.settings import Settings
 from torchyard.states import TERMINAL
 from workers import rundirs
@@ -304,7 +305,7 @@ def _wait_terminal(client: httpx.Client, run_id: int, timeout: float) -> dict[st
 
 
 # The victim must still be training when the last attack is done (~25 s after it first steps here
-# under load). Its steps are paced by a sleep (the `fail` workload's slow_s, which then never raises):
+# under load). Its steps are paced by a sleep (``testkit.stack.paced``: the `fail` workload's slow_s):
 # its life has a floor of VICTIM_STEPS × VICTIM_PACE_S (45 s) that a fast machine does not shorten,
 # and its 2 × 1,500 rank-steps cost a quarter of the CPU that 6,000 unpaced ones took to last as long.
 VICTIM_STEPS, VICTIM_PACE_S = 1500, 0.03
@@ -313,11 +314,7 @@ VICTIM_STEPS, VICTIM_PACE_S = 1500, 0.03
 def victim_spec(steps: int) -> dict[str, Any]:
     return {
         "name": "victim",
-        "workload": {
-            "kind": "builtin",
-            "name": "fail",
-            "params": {"at_step": 1, "slow_s": VICTIM_PACE_S, "slow_in": "compute"},
-        },
+        "workload": {"kind": "builtin", "name": "fail", "params": paced(steps, VICTIM_PACE_S)["params"]},
         "strategy": {"kind": "ddp"},
         "resources": {"nodes": 1, "procs_per_node": 2, "device": "cpu"},
         "training": {"steps": steps, "batch_size": 64, "lr": 0.01, "seed": 0},
@@ -532,7 +529,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--victim-steps", type=int, default=VICTIM_STEPS)
     args = parser.parse_args()
-    from testkit.stack import sqlite_stack
 
     with tempfile.TemporaryDirectory(prefix="ty-attacks-") as tmp, sqlite_stack(Path(tmp)) as stack:
         assert stack.redis is not None

@@ -85,7 +85,7 @@ def test_ddp_run_succeeds_with_every_step_of_every_rank_stored_once(stack: Runni
 
 
 def test_stream_delivers_metrics_live_and_resumes_by_last_event_id(stack: RunningStack) -> None:
-    steps = 600  # seconds of training: the first metrics arrive long before the end
+    steps = 600  # seconds of training on 2 ranks: the first metrics come long before the end
     run = stack.client.submit(name="live", steps=steps, params={"hidden": 32})
     status_at_first_metrics: list[str] = []
 
